@@ -1,0 +1,43 @@
+# Two commands do all set-up on a fresh machine:
+#   make lab    install (once) and open the labs in JupyterLab
+#   make test   install (once) and run every test: pytest + nbval over every lab
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.parlab-installed
+EXTRAS := torch,tf,lab,test
+
+.PHONY: install lab test test-fast bench student clear-outputs clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --constraint constraints.txt --editable ".[$(EXTRAS)]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lab: install
+	$(VENV)/bin/jupyter lab labs/
+
+# One pytest run covers the package tests and every notebook (nbval, lax: outputs with
+# timings are not compared; a failing cell or assertion fails). A hung cell fails too.
+test: install
+	$(PY) -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env \
+		--nbval-cell-timeout=600 tests labs
+
+test-fast: install
+	$(PY) -m pytest -p no:cacheprovider tests
+
+bench: install
+	$(PY) -m parlab bench
+
+# The copy of the labs to hand to students: solutions replaced, outputs removed.
+student: install
+	$(PY) -m parlab student-copy labs student
+
+# Notebooks are committed without outputs.
+clear-outputs: install
+	$(VENV)/bin/jupyter nbconvert --clear-output --inplace labs/*.ipynb
+
+clean:
+	rm -rf $(VENV) student labs/traces

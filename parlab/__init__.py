@@ -1,0 +1,47 @@
+"""parlab: train one neural network on many devices, and measure it.
+
+``import parlab`` is cheap: it imports neither torch nor tensorflow. Each name below is
+loaded the first time it is used, so a PyTorch lab never pays for TensorFlow and the
+reverse.
+"""
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+# public name -> (module, attribute or None for the module itself)
+_LAZY = {
+    "DeviceSet": ("parlab.hardware", "DeviceSet"),
+    "LaunchResult": ("parlab.launcher", "LaunchResult"),
+    "LaunchTimeout": ("parlab.errors", "LaunchTimeout"),
+    "Span": ("parlab.trace", "Span"),
+    "Timeline": ("parlab.trace", "Timeline"),
+    "WorkerError": ("parlab.errors", "WorkerError"),
+    "devices": ("parlab.hardware", "devices"),
+    "exercises": ("parlab.exercises", None),
+    "launch": ("parlab.launcher", "launch"),
+    "metrics": ("parlab.metrics", None),
+    "plot": ("parlab.plot", None),
+    "recording": ("parlab.trace", "recording"),
+    "span": ("parlab.trace", "span"),
+    "system_report": ("parlab.system", "system_report"),
+    "torch": ("parlab.torch", None),
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    try:
+        module_name, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'parlab' has no attribute {name!r}") from None
+    module = importlib.import_module(module_name)
+    value = module if attr is None else getattr(module, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

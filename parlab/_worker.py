@@ -1,0 +1,147 @@
+"""The code a launched rank runs first: a trampoline around the learner's function.
+
+``parlab.launch`` starts each rank with the ``spawn`` method (safe on every platform and
+with threads; ``fork`` after torch or TensorFlow initialised can hang). A spawned process
+cannot import a function defined in a notebook cell, so the function and its arguments
+arrive serialized by value (cloudpickle) and are rebuilt here. This module imports no
+framework at import time: the environment (threads, interfaces) must be set first.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+
+from . import trace
+
+
+@dataclass
+class RankSpec:
+    rank: int
+    world_size: int
+    payload: bytes                      # cloudpickle of (fn, args)
+    parent_pid: int
+    seed: int = 0
+    env: dict = field(default_factory=dict)
+    process_group: dict | None = None   # backend, device_kind, port, threads, timeout_s
+    dump_path: str | None = None        # where faulthandler writes this rank's stacks
+
+
+class _PrefixedStream:
+    """Prefix each line a rank prints with ``[rank k]``, writing whole lines at once.
+
+    Ranks share the terminal or notebook cell; ``print`` makes several writes per line,
+    so without line buffering the ranks' words interleave mid-line.
+    """
+
+    def __init__(self, stream, prefix: str):
+        self._stream, self._prefix, self._pending = stream, prefix, ""
+
+    def write(self, text: str) -> int:
+        *lines, self._pending = (self._pending + text).split("\n")
+        if lines:
+            self._stream.write("".join(f"{self._prefix}{line}\n" for line in lines))
+            self._stream.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending:
+            self._stream.write(self._prefix + self._pending)
+            self._pending = ""
+        self._stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit if the launching process dies (e.g. a notebook kernel killed): no orphans."""
+    def watch():
+        while True:
+            if os.getppid() != parent_pid:
+                os._exit(3)
+            time.sleep(0.5)
+    threading.Thread(target=watch, name="parlab-parent-watch", daemon=True).start()
+
+
+def _arm_stack_dumps(path: str | None):
+    """Let the launcher ask for this rank's Python stack, even while it blocks in C.
+
+    The file starts with the main thread's id, so the launcher can pick its stack out of
+    an all-threads dump. SIGUSR1 dumps on request (a timeout); a fatal signal (segfault,
+    abort) dumps on its own.
+    """
+    if not path:
+        return None
+    import faulthandler
+    dump = open(path, "w")
+    dump.write(f"main-thread 0x{threading.main_thread().ident:016x}\n")
+    dump.flush()
+    faulthandler.enable(file=dump, all_threads=True)
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
+    return dump
+
+
+def main(spec: RankSpec, conn) -> None:
+    """Entry point of a spawned rank: set up, run ``fn(rank, world_size, *args)``, report."""
+    if hasattr(os, "setpgrp"):
+        os.setpgrp()  # own process group: a terminal Ctrl-C reaches only the launcher,
+        #               and the launcher can stop this rank with anything it started
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    dump = _arm_stack_dumps(spec.dump_path)  # noqa: F841 - kept open for faulthandler
+    _watch_parent(spec.parent_pid)
+    os.environ.update(spec.env)
+    sys.stdout = _PrefixedStream(sys.stdout, f"[rank {spec.rank}] ")
+    sys.stderr = _PrefixedStream(sys.stderr, f"[rank {spec.rank}] ")
+    rec = trace.install(trace.Recorder(spec.rank))
+    ok = False
+    try:
+        import cloudpickle
+        fn, args = cloudpickle.loads(spec.payload)
+        pg = spec.process_group
+        if pg is not None:
+            from .torch import runtime
+            runtime.init_rank(spec.rank, spec.world_size, backend=pg["backend"],
+                              device_kind=pg["device_kind"], master_port=pg["port"],
+                              seed=spec.seed, threads=pg["threads"],
+                              timeout_s=pg["timeout_s"])
+            to_plain = runtime.to_plain
+        else:
+            import random
+            random.seed(spec.seed + spec.rank)
+            to_plain = _identity
+        result = to_plain(fn(spec.rank, spec.world_size, *args))
+        spans = [dataclasses.astuple(s) for s in rec.spans()]
+        blob = cloudpickle.dumps(result)
+        del result
+        conn.send(("result", spec.rank, blob, spans, time.time()))
+        ok = True
+        if pg is not None:
+            runtime.finalize()
+    except BaseException as exc:  # noqa: BLE001 - everything goes back to the launcher
+        summary = f"{type(exc).__name__}: {exc}"
+        if ok:
+            summary = f"crashed while leaving the process group, after returning: {summary}"
+        try:
+            conn.send(("error", spec.rank, summary, traceback.format_exc(), time.time()))
+        except Exception:  # noqa: BLE001 - the launcher sees the exit code instead
+            pass
+        ok = False
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+    # A hard exit after flushing: nothing left for interpreter teardown to abort on.
+    os._exit(0 if ok else 1)
+
+
+def _identity(x):
+    return x

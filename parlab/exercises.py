@@ -1,0 +1,123 @@
+"""Exercises that check themselves, and the student copy of the labs.
+
+In a lab, an exercise cell holds the learner's function with the reference solution
+between ``# BEGIN SOLUTION`` and ``# END SOLUTION``; the next cell calls
+``parlab.exercises.check("name", fn)``. The checker runs the learner's function on test
+cases, says in words what is right or wrong, and returns the function the rest of the lab
+should use: the learner's when it passes, the reference otherwise (and it says so), so a
+lab always runs to the end.
+
+``python -m parlab student-copy`` writes the labs with every solution replaced by
+``raise NotImplementedError``: the copy instructors hand out.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from . import metrics
+
+
+@dataclass
+class Exercise:
+    name: str
+    reference: Callable
+    cases: Sequence[tuple]                  # argument tuples to try
+    hint: str                               # said when an answer is wrong
+    close: Callable = field(default=lambda got, want: math.isclose(got, want, rel_tol=1e-9,
+                                                                    abs_tol=1e-12))
+
+
+EXERCISES: dict[str, Exercise] = {}
+
+
+def register(exercise: Exercise) -> Exercise:
+    EXERCISES[exercise.name] = exercise
+    return exercise
+
+
+def check(name: str, fn: Callable, *, verbose: bool = True) -> Callable:
+    """Check the learner's ``fn`` for exercise ``name``; return the function to use next."""
+    try:
+        ex = EXERCISES[name]
+    except KeyError:
+        raise KeyError(f"no exercise named {name!r}; known: {sorted(EXERCISES)}") from None
+    problems = []
+    for args in ex.cases:
+        want = ex.reference(*args)
+        try:
+            got = fn(*args)
+        except NotImplementedError:
+            _say(verbose, f"[{name}] not attempted yet: the lab goes on with the reference "
+                          "solution. Fill in the function and run this cell again.")
+            return ex.reference
+        except Exception as exc:  # noqa: BLE001 - reported to the learner in words
+            problems.append(f"{name}{args} raised {type(exc).__name__}: {exc}")
+            continue
+        try:
+            ok = bool(ex.close(got, want))
+        except Exception:  # noqa: BLE001 - e.g. wrong type or shape
+            ok = False
+        if not ok:
+            problems.append(f"{name}{args} returned {got!r}, expected {want!r}")
+    if problems:
+        shown = "\n  ".join(problems[:3])
+        more = f"\n  (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        _say(verbose, f"[{name}] not yet right, {len(problems)} of {len(ex.cases)} cases "
+                      f"wrong:\n  {shown}{more}\nHint: {ex.hint}\n"
+                      "The lab goes on with the reference solution.")
+        return ex.reference
+    _say(verbose, f"[{name}] correct on all {len(ex.cases)} cases.")
+    return fn
+
+
+def _say(verbose: bool, text: str) -> None:
+    if verbose:
+        print(text)
+
+
+# --------------------------------------------------------------------------- lab 00
+register(Exercise(
+    name="ring_allreduce_bytes",
+    reference=metrics.ring_allreduce_bytes_per_rank,
+    cases=[(s, n) for s in (4, 1_000_000, 64 * 2**20) for n in (1, 2, 3, 4, 8)],
+    hint="a ring all-reduce is a reduce-scatter then an all-gather; in each, a rank "
+         "passes on n-1 of the n chunks, each 1/n of the message. With one rank nothing "
+         "moves.",
+))
+
+
+# --------------------------------------------------------------------------- student copy
+_SOLUTION = re.compile(r"^([ \t]*)# BEGIN SOLUTION[^\n]*\n.*?^[ \t]*# END SOLUTION[^\n]*$",
+                       re.S | re.M)
+
+
+def strip_solutions(source: str) -> str:
+    """Replace each marked solution with a ``raise NotImplementedError`` at its indent."""
+    return _SOLUTION.sub(
+        lambda m: f'{m.group(1)}raise NotImplementedError("your code here")', source)
+
+
+def student_copy(src: str | Path = "labs", dst: str | Path = "student") -> list[Path]:
+    """Copy every notebook in ``src`` to ``dst`` without solutions or outputs."""
+    src, dst = Path(src), Path(dst)
+    if not src.is_dir():
+        raise FileNotFoundError(f"no folder {src} to copy labs from")
+    dst.mkdir(parents=True, exist_ok=True)
+    written = []
+    for nb_path in sorted(src.glob("*.ipynb")):
+        nb = json.loads(nb_path.read_text())
+        for cell in nb["cells"]:
+            if cell["cell_type"] != "code":
+                continue
+            text = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+            cell["source"] = strip_solutions(text)
+            cell["outputs"], cell["execution_count"] = [], None
+        out = dst / nb_path.name
+        out.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+        written.append(out)
+    return written

@@ -1,0 +1,87 @@
+"""Numbers the labs compute from measurements: bandwidth, speed-up, efficiency, bubbles.
+
+Plain Python and numpy only; every function says which formula it implements.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def bus_factor(op: str, world_size: int) -> float:
+    """How many times its buffer each rank must move over the links for ``op``.
+
+    Bus bandwidth = algorithm bandwidth x this factor; it is comparable across world
+    sizes and with the link's peak (NVIDIA nccl-tests, doc/PERFORMANCE.md). A ring
+    all-reduce is a reduce-scatter plus an all-gather, each moving (n-1)/n of the data
+    per rank, hence 2(n-1)/n.
+    """
+    n = world_size
+    if n < 1:
+        raise ValueError("world_size must be >= 1")
+    factors = {
+        "all_reduce": 2 * (n - 1) / n,
+        "all_gather": (n - 1) / n,
+        "reduce_scatter": (n - 1) / n,
+        "broadcast": 1.0,
+        "send_recv": 1.0,
+    }
+    try:
+        return factors[op]
+    except KeyError:
+        raise ValueError(f"no bus factor for {op!r}; known: {sorted(factors)}") from None
+
+
+def ring_allreduce_bytes_per_rank(message_bytes: float, world_size: int) -> float:
+    """Bytes each rank sends in a ring all-reduce of ``message_bytes``: 2(n-1)/n * S."""
+    return bus_factor("all_reduce", world_size) * message_bytes
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """The alpha-beta (Hockney) model of a link: time(S) = latency + S / bandwidth."""
+
+    latency_s: float
+    bandwidth_Bps: float
+
+    def time(self, message_bytes):
+        return self.latency_s + np.asarray(message_bytes, dtype=float) / self.bandwidth_Bps
+
+    def __str__(self) -> str:
+        return (f"latency ~ {self.latency_s * 1e6:.0f} us, "
+                f"bandwidth ~ {self.bandwidth_Bps / 1e9:.2f} GB/s")
+
+
+def fit_link(message_bytes, seconds) -> LinkFit:
+    """Least-squares fit of time = alpha + S/beta, weighting each point relatively.
+
+    Dividing both sides by the measured time gives every size the same weight, so the
+    microsecond latencies of small messages are not drowned by the large ones.
+    """
+    s = np.asarray(message_bytes, dtype=float)
+    t = np.asarray(seconds, dtype=float)
+    if s.size < 2:
+        raise ValueError("need at least two message sizes to fit latency and bandwidth")
+    a = np.stack([np.ones_like(s), s], axis=1) / t[:, None]
+    (alpha, inv_beta), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
+    alpha = max(float(alpha), 0.0)
+    inv_beta = max(float(inv_beta), 1e-30)
+    return LinkFit(alpha, 1.0 / inv_beta)
+
+
+def speedup(reference_s: float, parallel_s: float) -> float:
+    """How many times faster the parallel run is: T1 / Tn."""
+    return reference_s / parallel_s
+
+
+def efficiency(reference_s: float, parallel_s: float, n_devices: int) -> float:
+    """Speed-up per device: T1 / (n * Tn); 1.0 is perfect scaling."""
+    return speedup(reference_s, parallel_s) / n_devices
+
+
+def pipeline_bubble(stages: int, micro_batches: int) -> float:
+    """Idle share of a GPipe or 1F1B pipeline: (p-1)/(m+p-1) (Huang et al., GPipe, 2019)."""
+    if stages < 1 or micro_batches < 1:
+        raise ValueError("stages and micro_batches must be >= 1")
+    return (stages - 1) / (micro_batches + stages - 1)

@@ -1,0 +1,173 @@
+"""Figures for timelines, utilization and bandwidth. Every function returns a Figure.
+
+Sized and coloured to read on a projector: large labels, one lane per device, one colour
+per kind of time. Figures are closed before they are returned, so a notebook shows each
+exactly once (as the cell's value), and nothing piles up in pyplot's registry.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from .trace import COMM, COMPUTE, IDLE, WAIT, Timeline
+
+COLORS = {COMPUTE: "#1f77b4", COMM: "#ff7f0e", WAIT: "#d62728", IDLE: "#e6e6e6"}
+LABELS = {COMPUTE: "compute", COMM: "communication", WAIT: "wait", IDLE: "idle"}
+FONT = 12
+
+
+def _pyplot():
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _finish(fig):
+    _pyplot().close(fig)
+    return fig
+
+
+def timeline(tl: Timeline, *, title: str | None = None, ax=None, names: bool = True,
+             unit: str = "ms", predicted: bool = False):
+    """Draw one lane per device; bars coloured by kind, idle time in light grey.
+
+    names: write span names on bars wide enough to hold them.
+    predicted: label the figure as a prediction (cost model), not a measurement.
+    """
+    plt = _pyplot()
+    scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
+    own = ax is None
+    if own:
+        fig, ax = plt.subplots(figsize=(11, 0.7 * len(tl.ranks) + 1.6))
+    else:
+        fig = ax.figure
+    t0, width = tl.start, max(tl.duration, 1e-12)
+    for lane, rank in enumerate(tl.ranks):
+        y = len(tl.ranks) - 1 - lane
+        for seg in tl.segments(rank):
+            left, w = (seg.start - t0) * scale, (seg.end - seg.start) * scale
+            ax.barh(y, w, left=left, height=0.7, color=COLORS[seg.kind],
+                    edgecolor="white" if seg.kind != IDLE else "none", linewidth=0.5)
+            if names and seg.kind != IDLE and (seg.end - seg.start) / width > 0.06:
+                ax.text(left + w / 2, y, seg.name, ha="center", va="center",
+                        color="white", fontsize=FONT - 2, clip_on=True)
+    ax.set_yticks(range(len(tl.ranks)))
+    ax.set_yticklabels([tl.labels[r] for r in reversed(tl.ranks)], fontsize=FONT)
+    ax.set_xlabel(f"time ({unit})", fontsize=FONT)
+    ax.set_xlim(0, width * scale)
+    kind = "predicted (cost model)" if predicted else "measured"
+    ax.set_title(title or f"{kind} timeline", fontsize=FONT + 2)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[k]) for k in COLORS]
+    ax.legend(handles, [LABELS[k] for k in COLORS], loc="upper center",
+              bbox_to_anchor=(0.5, -0.35 if len(tl.ranks) < 3 else -0.2), ncol=4,
+              fontsize=FONT - 1, frameon=False)
+    ax.tick_params(labelsize=FONT - 1)
+    if own:
+        fig.tight_layout()
+    return _finish(fig) if own else fig
+
+
+def utilization(tl: Timeline, *, title: str | None = None, ax=None):
+    """Stacked bars per device: share of time computing, communicating, waiting, idle."""
+    plt = _pyplot()
+    summary = tl.summary()
+    own = ax is None
+    if own:
+        fig, ax = plt.subplots(figsize=(8, 0.6 * len(tl.ranks) + 1.8))
+    else:
+        fig = ax.figure
+    labels = [row["device"] for row in summary.rows]
+    left = [0.0] * len(labels)
+    for kind in (COMPUTE, COMM, WAIT, IDLE):
+        shares = [row[f"{kind}_share"] * 100 for row in summary.rows]
+        ax.barh(labels, shares, left=left, color=COLORS[kind], label=LABELS[kind])
+        for i, (x, s) in enumerate(zip(left, shares)):
+            if s >= 8:
+                ax.text(x + s / 2, i, f"{s:.0f}%", ha="center", va="center",
+                        color="black" if kind == IDLE else "white", fontsize=FONT - 2)
+        left = [a + b for a, b in zip(left, shares)]
+    ax.invert_yaxis()
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("share of the timeline (%)", fontsize=FONT)
+    ax.set_title(title or "utilization per device (measured)", fontsize=FONT + 2)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4,
+              fontsize=FONT - 1, frameon=False)
+    ax.tick_params(labelsize=FONT - 1)
+    if own:
+        fig.tight_layout()
+    return _finish(fig) if own else fig
+
+
+# Peak unidirectional bandwidth of common GPU links, from vendors' specifications (not
+# measured here): NVIDIA H100 SXM datasheet, NVLink 4: 900 GB/s bidirectional per GPU,
+# so 450 GB/s each way; PCI-SIG PCIe 4.0 x16: 16 GT/s x 16 lanes x 128/130 ~ 31.5 GB/s;
+# PCIe 3.0 x16 (e.g. the T4 GPUs of free cloud notebooks): ~15.8 GB/s.
+REFERENCE_LINKS = {
+    "NVLink 4 (H100 SXM), per direction": 450e9,
+    "PCIe 4.0 x16": 31.5e9,
+    "PCIe 3.0 x16": 15.8e9,
+}
+
+
+def bandwidth(records: Sequence[dict], *, title: str | None = None, references: bool = True,
+              bus: bool = True):
+    """Bandwidth and latency against message size, one line per (op, world size).
+
+    records: dicts with keys op, world_size, bytes, seconds (as returned by
+    ``parlab.torch.bandwidth.sweep``). Left: time per operation. Right: algorithm
+    bandwidth (bytes / time), and bus bandwidth (x ``metrics.bus_factor``) dashed.
+    references: draw vendors' peak figures for GPU links as horizontal lines.
+    """
+    from .metrics import bus_factor
+    plt = _pyplot()
+    fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(13, 4.8))
+    groups: dict[tuple, list[dict]] = {}
+    for rec in records:
+        groups.setdefault((rec["op"], rec["world_size"]), []).append(rec)
+    for (op, n), recs in sorted(groups.items()):
+        recs = sorted(recs, key=lambda r: r["bytes"])
+        size = [r["bytes"] for r in recs]
+        secs = [r["seconds"] for r in recs]
+        label = f"{op}, {n} ranks"
+        (line,) = ax_t.loglog(size, [s * 1e6 for s in secs], "o-", label=label)
+        algbw = [b / s / 1e9 for b, s in zip(size, secs)]
+        ax_b.loglog(size, algbw, "o-", color=line.get_color(), label=f"{label} (algorithm)")
+        if bus and bus_factor(op, n) != 1.0:
+            ax_b.loglog(size, [a * bus_factor(op, n) for a in algbw], "s--",
+                        color=line.get_color(), alpha=0.7, label=f"{label} (bus)")
+    if references:
+        smallest = min((r["bytes"] for r in records), default=1)
+        for i, (name, bw) in enumerate(REFERENCE_LINKS.items()):
+            ax_b.axhline(bw / 1e9, color="grey", ls=":", lw=1)
+            # alternate above/below the line: PCIe 3 and 4 are only 2x apart
+            ax_b.text(smallest, bw / 1e9 * (1.15 if i % 2 == 0 else 0.87),
+                      f"{name} (spec sheet)", fontsize=FONT - 3, color="grey",
+                      va="bottom" if i % 2 == 0 else "top")
+    ax_t.set_xlabel("message size (bytes)", fontsize=FONT)
+    ax_t.set_ylabel("time per operation (us)", fontsize=FONT)
+    ax_t.set_title("latency dominates small messages", fontsize=FONT + 1)
+    ax_b.set_xlabel("message size (bytes)", fontsize=FONT)
+    ax_b.set_ylabel("bandwidth (GB/s)", fontsize=FONT)
+    ax_b.set_title("bandwidth dominates large messages", fontsize=FONT + 1)
+    for ax in (ax_t, ax_b):
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=FONT - 3)
+    if title:
+        fig.suptitle(title, fontsize=FONT + 2)
+    fig.tight_layout()
+    return _finish(fig)
+
+
+def scaling(n_devices: Iterable[int], seconds: Iterable[float], *, title: str | None = None):
+    """Measured speed-up against the number of devices, with the ideal line."""
+    plt = _pyplot()
+    n = list(n_devices)
+    t = list(seconds)
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    ax.plot(n, [t[0] / x for x in t], "o-", label="measured speed-up")
+    ax.plot(n, [x / n[0] for x in n], "k--", alpha=0.5, label="ideal")
+    ax.set_xlabel("devices", fontsize=FONT)
+    ax.set_ylabel("speed-up", fontsize=FONT)
+    ax.set_title(title or "scaling (measured)", fontsize=FONT + 2)
+    ax.legend(fontsize=FONT - 1)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _finish(fig)

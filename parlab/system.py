@@ -1,0 +1,67 @@
+"""What hardware and software this machine has, for the first cell of a lab."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+
+from .hardware import cpu_count
+
+
+class SystemReport(dict):
+    """A dict of facts that prints as a short, readable list."""
+
+    def __str__(self) -> str:
+        width = max(len(k) for k in self)
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in self.items())
+
+    __repr__ = __str__
+
+
+def _memory_gib() -> str:
+    try:
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+        return f"{pages * size / 2**30:.1f} GiB"
+    except (ValueError, OSError, AttributeError):
+        return "unknown"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def system_report(torch: bool = True) -> SystemReport:
+    """Operating system, CPU, memory, and (if asked) torch with its GPUs and backends.
+
+    TensorFlow is reported as installed or not, without importing it.
+    """
+    report = SystemReport()
+    report["os"] = f"{platform.system()} {platform.release()}"
+    report["python"] = platform.python_version()
+    report["cpu"] = f"{_cpu_model()}, {cpu_count()} cores usable"
+    report["memory"] = _memory_gib()
+    if torch and importlib.util.find_spec("torch") is not None:
+        import torch as _torch
+        import torch.distributed as dist
+        report["torch"] = _torch.__version__
+        report["torch threads"] = _torch.get_num_threads()
+        backends = [b for b, ok in (("gloo", dist.is_gloo_available()),
+                                    ("nccl", dist.is_nccl_available()),
+                                    ("mpi", dist.is_mpi_available())) if ok]
+        report["distributed backends"] = ", ".join(backends) or "none"
+        n = _torch.cuda.device_count() if _torch.cuda.is_available() else 0
+        report["GPUs"] = n
+        for i in range(n):
+            p = _torch.cuda.get_device_properties(i)
+            report[f"cuda:{i}"] = (f"{p.name}, {p.total_memory / 2**30:.1f} GiB, "
+                                   f"compute capability {p.major}.{p.minor}")
+    tf = importlib.util.find_spec("tensorflow") is not None
+    report["tensorflow"] = "installed (not imported)" if tf else "not installed"
+    return report

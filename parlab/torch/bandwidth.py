@@ -1,0 +1,90 @@
+"""Measure latency and bandwidth of point-to-point and collective operations.
+
+A worker for ``parlab.launch``: ``launch(sweep, 2, args=(sizes,))``. Every operation goes
+through the traced communication layer, so the sweep also leaves a timeline.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from . import comm
+
+OPS = ("send_recv", "all_reduce", "all_gather", "broadcast")
+
+
+def default_sizes(max_bytes: int = 16 * 2**20) -> list[int]:
+    """Message sizes from 4 bytes to ``max_bytes``, a factor of 4 apart."""
+    sizes, s = [], 4
+    while s <= max_bytes:
+        sizes.append(s)
+        s *= 4
+    return sizes
+
+
+def repeats_for(nbytes: int, traffic_bytes: float = 48e6, lo: int = 3, hi: int = 40) -> int:
+    """Repetitions per size: many for tiny messages (noisy), few for large (slow).
+
+    Computed from the size alone, so every rank agrees without talking.
+    """
+    return int(min(hi, max(lo, traffic_bytes // max(nbytes, 1))))
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_op(op: str, buf: torch.Tensor, rank: int, world_size: int) -> float:
+    """One timed operation. For send_recv: half a ping-pong between ranks 0 and 1."""
+    device = buf.device
+    _sync(device)
+    t0 = time.perf_counter()
+    if op == "send_recv":
+        if rank == 0:
+            comm.send(buf, 1)
+            comm.recv(buf, 1)
+        elif rank == 1:
+            comm.recv(buf, 0)
+            comm.send(buf, 0)
+    elif op == "all_reduce":
+        comm.all_reduce(buf)
+    elif op == "all_gather":
+        comm.all_gather(buf)
+    elif op == "broadcast":
+        comm.broadcast(buf, 0)
+    else:
+        raise ValueError(f"op must be one of {OPS}, got {op!r}")
+    _sync(device)  # GPU collectives are asynchronous: wait before reading the clock
+    elapsed = time.perf_counter() - t0
+    return elapsed / 2 if op == "send_recv" else elapsed
+
+
+def sweep(rank: int, world_size: int, sizes=None, ops=("send_recv", "all_reduce"),
+          warmup: int = 2) -> list[dict]:
+    """Median time of each op at each message size, as seen by rank 0.
+
+    Returns records {op, world_size, bytes, seconds, repeats}; other ranks return [].
+    For all_reduce on n ranks, the slowest rank decides when the operation is done, so
+    each repetition starts after a barrier and rank 0 reports the median.
+    """
+    if "send_recv" in ops and world_size < 2:
+        raise ValueError("send_recv needs at least 2 ranks")
+    device = (torch.device("cuda", torch.cuda.current_device())
+              if dist.get_backend() == "nccl" else torch.device("cpu"))
+    records = []
+    for op in ops:
+        for nbytes in sizes or default_sizes():
+            buf = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32, device=device)
+            times = []
+            for i in range(warmup + repeats_for(nbytes)):
+                comm.barrier()  # a fair start for every repetition (shows on the timeline)
+                t = _time_op(op, buf, rank, world_size)
+                if i >= warmup:
+                    times.append(t)
+            times.sort()
+            records.append({"op": op, "world_size": world_size, "bytes": buf.numel() * 4,
+                            "seconds": times[len(times) // 2], "repeats": len(times)})
+    return records if rank == 0 else []

@@ -1,0 +1,105 @@
+"""Traced communication: every send, receive and collective of the course goes here.
+
+Each call runs the ``torch.distributed`` operation inside a communication span that
+carries the message size, so a timeline cannot drift from what the code did. Strategy
+modules call these, never ``torch.distributed`` directly.
+
+``bytes`` on a span is the size of the buffer this rank hands to the operation: the
+tensor sent or received, the tensor all-reduced or broadcast, this rank's contribution to
+an all-gather, and the full input of a reduce-scatter. How many bytes actually cross the
+links depends on the algorithm: see ``parlab.metrics.bus_factor``.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..trace import COMM, span
+
+__all__ = ["all_gather", "all_reduce", "barrier", "broadcast", "get_rank",
+           "get_world_size", "recv", "reduce_scatter", "send"]
+
+_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
+        "product": dist.ReduceOp.PRODUCT}
+
+
+def nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _reduce_op(op: str):
+    if op == "avg":
+        return dist.ReduceOp.SUM  # gloo has no AVG: sum, then divide (below)
+    try:
+        return _OPS[op]
+    except KeyError:
+        raise ValueError(f"op must be one of {sorted(_OPS) + ['avg']}, got {op!r}") from None
+
+
+def get_rank(group=None) -> int:
+    return dist.get_rank(group)
+
+
+def get_world_size(group=None) -> int:
+    return dist.get_world_size(group)
+
+
+def send(tensor: torch.Tensor, dst: int, *, group=None, tag: int = 0) -> None:
+    with span("send", COMM, nbytes(tensor), peer=dst):
+        dist.send(tensor, dst, group=group, tag=tag)
+
+
+def recv(tensor: torch.Tensor, src: int, *, group=None, tag: int = 0) -> torch.Tensor:
+    """Receive into ``tensor`` from rank ``src``; the span includes waiting for the sender."""
+    with span("recv", COMM, nbytes(tensor), peer=src):
+        dist.recv(tensor, src, group=group, tag=tag)
+    return tensor
+
+
+def all_reduce(tensor: torch.Tensor, op: str = "sum", *, group=None) -> torch.Tensor:
+    """Reduce ``tensor`` over all ranks in place (op: sum, avg, max, min, product)."""
+    with span("all_reduce", COMM, nbytes(tensor)):
+        dist.all_reduce(tensor, op=_reduce_op(op), group=group)
+        if op == "avg":
+            tensor /= dist.get_world_size(group)
+    return tensor
+
+
+def all_gather(tensor: torch.Tensor, *, group=None) -> list[torch.Tensor]:
+    """Every rank's ``tensor``, in rank order, on every rank."""
+    out = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+    with span("all_gather", COMM, nbytes(tensor)):
+        dist.all_gather(out, tensor.contiguous(), group=group)
+    return out
+
+
+def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, group=None) -> torch.Tensor:
+    """Reduce ``tensor`` over ranks and keep this rank's slice along dim 0.
+
+    Rank r receives chunk r of the reduced tensor; dim 0 must divide by the world size.
+    """
+    world_size = dist.get_world_size(group)
+    if tensor.shape[0] % world_size:
+        raise ValueError(
+            f"reduce_scatter splits dim 0 into {world_size} equal chunks, but it has "
+            f"{tensor.shape[0]} rows: pad it to a multiple of {world_size}.")
+    chunks = [c.contiguous() for c in tensor.chunk(world_size)]
+    out = torch.empty_like(chunks[0])
+    with span("reduce_scatter", COMM, nbytes(tensor)):
+        dist.reduce_scatter(out, chunks, op=_reduce_op(op), group=group)
+        if op == "avg":
+            out /= world_size
+    return out
+
+
+def broadcast(tensor: torch.Tensor, src: int, *, group=None) -> torch.Tensor:
+    """Copy ``tensor`` from rank ``src`` to every rank, in place."""
+    with span("broadcast", COMM, nbytes(tensor), peer=src):
+        dist.broadcast(tensor, src, group=group)
+    return tensor
+
+
+def barrier(*, group=None) -> None:
+    """Wait until every rank arrives; recorded as a communication span of 0 bytes."""
+    with span("barrier", COMM, 0):
+        dist.barrier(group=group)

@@ -1,0 +1,57 @@
+"""Run a ``parlab.launch`` worker under ``torchrun`` (one node or several), unchanged.
+
+torchrun starts the processes and describes the process group in environment variables
+(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT); this module joins that group
+with the same setup ``parlab.launch`` uses, runs ``fn(rank, world_size, *args)``, and
+gathers results and spans on rank 0::
+
+    torchrun --standalone --nproc-per-node 2 -m parlab run parlab.examples:hello_allreduce
+"""
+from __future__ import annotations
+
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+from .. import trace
+from . import runtime
+
+
+def under_torchrun() -> bool:
+    """True in a process started by torchrun (or any launcher that sets its variables)."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def run_here(fn, args=(), *, seed: int = 0, timeout_s: float = 600.0):
+    """Join torchrun's process group, run the worker, gather on rank 0.
+
+    Returns ``(results, timeline)`` on rank 0 and ``(None, None)`` elsewhere.
+    """
+    if not under_torchrun():
+        raise RuntimeError("not started by torchrun: RANK, WORLD_SIZE, MASTER_ADDR and "
+                           "MASTER_PORT are not all set. Use parlab.launch instead.")
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    local_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    on_gpu = local_gpus >= local_size and dist.is_nccl_available()
+    trace.install(trace.Recorder(rank))
+    runtime.init_rank(rank, world_size, backend="nccl" if on_gpu else "gloo",
+                      device_kind="cuda" if on_gpu else "cpu", seed=seed,
+                      timeout_s=timeout_s, local_rank=local_rank)
+    try:
+        result = runtime.to_plain(fn(rank, world_size, *args))
+        gathered = [None] * world_size if rank == 0 else None
+        payload = (result, trace.recorder().spans(), socket.gethostname())
+        dist.gather_object(payload, gathered, dst=0)
+    finally:
+        runtime.finalize()
+    if rank != 0:
+        return None, None
+    results = [g[0] for g in gathered]
+    spans = [s for g in gathered for s in g[1]]
+    where = "cuda" if on_gpu else "cpu"
+    labels = {r: f"rank {r} · {gathered[r][2]} {where} (torchrun)" for r in range(world_size)}
+    return results, trace.Timeline(spans, labels, range(world_size))

@@ -1,0 +1,392 @@
+"""Measured spans per device, merged onto one clock.
+
+Every bar a parlab timeline draws is a :class:`Span` that was measured on a rank: a
+compute span (``with parlab.span("forward"):``), a communication span (recorded by
+``parlab.torch.comm`` around each send, receive and collective) or an explicit wait.
+Idle time is never recorded: it is what is left between spans.
+
+This module imports neither torch nor tensorflow. The framework runtime installs a
+timer on the process's :class:`Recorder` (CUDA events on a GPU) and a clock offset that
+maps this rank's clock onto rank 0's; everything else is plain Python.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Sequence
+
+COMPUTE = "compute"
+COMM = "comm"
+WAIT = "wait"
+IDLE = "idle"  # derived: never recorded, only computed from the gaps between spans
+KINDS = (COMPUTE, COMM, WAIT)
+
+
+@dataclass(frozen=True)
+class Span:
+    """One measured interval on one rank. Times are seconds on the merged clock."""
+
+    rank: int
+    kind: str
+    name: str
+    start: float
+    end: float
+    bytes: int = 0
+    peer: int | None = None
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+# ----------------------------------------------------------------------------- timers
+class HostTimer:
+    """Host clock timestamps: right for CPU work, which is synchronous."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+        self.clock = clock
+
+    def mark(self):
+        return self.clock()
+
+    def resolve(self, mark) -> float:
+        return mark
+
+
+class _SpanContext:
+    """The hot path of tracing: two timer marks and one list append per span.
+
+    A plain class rather than a generator-based context manager: it costs about a
+    third as much, and spans surround every operation of a training step.
+    """
+
+    __slots__ = ("rec", "kind", "name", "nbytes", "peer", "start")
+
+    def __init__(self, rec, kind, name, nbytes, peer):
+        self.rec, self.kind, self.name, self.nbytes, self.peer = rec, kind, name, nbytes, peer
+
+    def __enter__(self):
+        self.start = self.rec.timer.mark()
+        return self
+
+    def __exit__(self, *exc):
+        rec = self.rec
+        rec._raw.append((self.kind, self.name, self.start, rec.timer.mark(), self.nbytes,
+                         self.peer))
+        return False
+
+
+class _NullContext:
+    __slots__ = ()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NULL = _NullContext()
+
+
+class Recorder:
+    """Collects the spans of one process (one rank).
+
+    ``offset`` is added to every timestamp so that ranks on different clocks line up
+    (see ``parlab.torch.runtime.align_clocks``).
+    """
+
+    def __init__(self, rank: int = 0, timer=None):
+        self.rank = rank
+        self.timer = timer or HostTimer()
+        self.offset = 0.0
+        self.enabled = True
+        self._raw: list[tuple] = []
+
+    def span(self, name: str, kind: str = COMPUTE, bytes: int = 0, peer: int | None = None):
+        if not self.enabled:
+            return _NULL
+        if kind not in KINDS:
+            raise ValueError(f"span kind must be one of {KINDS}, got {kind!r}")
+        return _SpanContext(self, kind, name, bytes, peer)
+
+    def add(self, name: str, kind: str, start: float, end: float, bytes: int = 0, peer=None):
+        """Record an interval measured elsewhere (host-clock seconds on this rank)."""
+        self._raw.append((kind, name, ("host", start), ("host", end), int(bytes), peer))
+
+    def _resolve(self, mark) -> float:
+        if isinstance(mark, tuple):
+            return mark[1]
+        return self.timer.resolve(mark)
+
+    def spans(self) -> list[Span]:
+        """All spans recorded so far, resolved to seconds on the merged clock."""
+        return [
+            Span(self.rank, kind, name, self._resolve(s) + self.offset,
+                 self._resolve(e) + self.offset, nbytes, peer)
+            for kind, name, s, e, nbytes, peer in self._raw
+        ]
+
+    def timeline(self, labels: dict[int, str] | None = None) -> "Timeline":
+        return Timeline(self.spans(), labels)
+
+    def clear(self) -> None:
+        self._raw.clear()
+
+
+_recorder: Recorder | None = None
+
+
+def recorder() -> Recorder:
+    """This process's recorder (created on first use; a launched rank gets its own)."""
+    global _recorder
+    if _recorder is None:
+        _recorder = Recorder(rank=0)
+    return _recorder
+
+
+def install(rec: Recorder) -> Recorder:
+    """Make ``rec`` this process's recorder (the launcher does this on every rank)."""
+    global _recorder
+    _recorder = rec
+    return rec
+
+
+def span(name: str, kind: str = COMPUTE, bytes: int = 0, peer: int | None = None):
+    """Record the enclosed block as one span on this rank: ``with parlab.span("forward"):``."""
+    return recorder().span(name, kind, bytes, peer)
+
+
+@contextlib.contextmanager
+def recording(rank: int = 0, timer=None) -> Iterator[Recorder]:
+    """Record spans in this process (e.g. a single-device lab) into a fresh recorder.
+
+    >>> with parlab.recording() as rec:
+    ...     with parlab.span("forward"): ...
+    >>> rec.timeline()
+    """
+    global _recorder
+    previous = _recorder
+    rec = Recorder(rank, timer)
+    _recorder = rec
+    try:
+        yield rec
+    finally:
+        _recorder = previous
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Turn span recording off for a block (used to measure the tracing overhead)."""
+    rec = recorder()
+    before = rec.enabled
+    rec.enabled = False
+    try:
+        yield
+    finally:
+        rec.enabled = before
+
+
+# ----------------------------------------------------------------------------- timeline
+@dataclass(frozen=True)
+class Segment:
+    """A piece of one lane with a single kind; idle segments fill the gaps."""
+
+    rank: int
+    kind: str
+    name: str
+    start: float
+    end: float
+
+
+class Timeline:
+    """Spans of every rank on one clock, with the summaries a lab needs.
+
+    Times are absolute seconds on rank 0's clock; ``start`` is the earliest span, and
+    plots and exports show times relative to it. ``labels`` names each rank's device.
+    """
+
+    def __init__(self, spans: Iterable[Span], labels: dict[int, str] | None = None,
+                 ranks: Sequence[int] | None = None):
+        self.spans: list[Span] = sorted(spans, key=lambda s: (s.rank, s.start, -s.end))
+        for s in self.spans:
+            if s.end < s.start:
+                raise ValueError(f"span {s.name!r} on rank {s.rank} ends before it starts")
+        known = {s.rank for s in self.spans} | set(ranks or ()) | set(labels or ())
+        self.ranks: list[int] = sorted(known)
+        self.labels = {r: (labels or {}).get(r, f"rank {r}") for r in self.ranks}
+
+    @classmethod
+    def merge(cls, timelines: Iterable["Timeline"]) -> "Timeline":
+        spans, labels, ranks = [], {}, []
+        for tl in timelines:
+            spans.extend(tl.spans)
+            labels.update(tl.labels)
+            ranks.extend(tl.ranks)
+        return cls(spans, labels, ranks)
+
+    # -- basic views
+    def __len__(self) -> int:
+        return len(self.spans)
+
+    def __iter__(self) -> Iterator[Span]:
+        return iter(self.spans)
+
+    def __repr__(self) -> str:
+        return (f"Timeline({len(self.spans)} spans on {len(self.ranks)} ranks, "
+                f"{self.duration * 1e3:.1f} ms)")
+
+    @property
+    def start(self) -> float:
+        return min((s.start for s in self.spans), default=0.0)
+
+    @property
+    def end(self) -> float:
+        return max((s.end for s in self.spans), default=0.0)
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+    def filter(self, *, ranks=None, kinds=None, names=None) -> "Timeline":
+        keep = [s for s in self.spans
+                if (ranks is None or s.rank in ranks)
+                and (kinds is None or s.kind in kinds)
+                and (names is None or s.name in names)]
+        return Timeline(keep, self.labels, self.ranks if ranks is None else
+                        [r for r in self.ranks if r in ranks])
+
+    def window(self, start: float, end: float) -> "Timeline":
+        """Spans clipped to [start, end] (absolute times), e.g. to drop warm-up steps."""
+        clipped = [Span(s.rank, s.kind, s.name, max(s.start, start), min(s.end, end),
+                        s.bytes, s.peer)
+                   for s in self.spans if s.end > start and s.start < end]
+        return Timeline(clipped, self.labels, self.ranks)
+
+    # -- lanes: flat, non-overlapping segments per rank
+    def segments(self, rank: int) -> list[Segment]:
+        """The lane of one rank as non-overlapping segments, idle gaps included.
+
+        Where spans nest (a ``step`` span around ``forward``), the innermost one (the
+        latest started) owns the time, so a nested all-reduce counts as communication.
+        """
+        lane = [s for s in self.spans if s.rank == rank]
+        t0, t1 = self.start, self.end
+        cuts = sorted({t0, t1, *(s.start for s in lane), *(s.end for s in lane)})
+        out: list[Segment] = []
+        for a, b in zip(cuts, cuts[1:]):
+            if b <= a:
+                continue
+            active = [s for s in lane if s.start <= a and s.end >= b]
+            if active:
+                top = max(active, key=lambda s: (s.start, -s.end))
+                kind, name = top.kind, top.name
+            else:
+                kind, name = IDLE, ""
+            if out and out[-1].kind == kind and out[-1].name == name and out[-1].end == a:
+                out[-1] = Segment(rank, kind, name, out[-1].start, b)
+            else:
+                out.append(Segment(rank, kind, name, a, b))
+        return out
+
+    def seconds_by_kind(self, rank: int) -> dict[str, float]:
+        totals = {k: 0.0 for k in (*KINDS, IDLE)}
+        for seg in self.segments(rank):
+            totals[seg.kind] += seg.end - seg.start
+        return totals
+
+    def summary(self) -> "Summary":
+        """Busy (compute), communication, wait and idle share of each rank's lane."""
+        rows = []
+        for r in self.ranks:
+            secs = self.seconds_by_kind(r)
+            total = sum(secs.values()) or 1.0
+            rows.append({"rank": r, "device": self.labels[r],
+                         **{f"{k}_s": v for k, v in secs.items()},
+                         **{f"{k}_share": v / total for k, v in secs.items()},
+                         "comm_bytes": self.comm_bytes(r)})
+        return Summary(rows, self.duration)
+
+    def comm_bytes(self, rank: int | None = None) -> int:
+        return sum(s.bytes for s in self.spans
+                   if s.kind == COMM and (rank is None or s.rank == rank))
+
+    # -- export
+    def to_chrome_trace(self, path: str | os.PathLike) -> str:
+        """Write a Chrome/Perfetto JSON trace: one process lane per device.
+
+        Open it at https://ui.perfetto.dev or chrome://tracing. Times are microseconds
+        from the start of the timeline.
+        """
+        t0 = self.start
+        events: list[dict] = []
+        for r in self.ranks:
+            events.append({"ph": "M", "name": "process_name", "pid": r, "tid": 0,
+                           "args": {"name": self.labels[r]}})
+            events.append({"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0,
+                           "args": {"sort_index": r}})
+        for s in self.spans:
+            args = {"kind": s.kind}
+            if s.bytes:
+                args["bytes"] = s.bytes
+            if s.peer is not None:
+                args["peer"] = s.peer
+            events.append({"ph": "X", "name": s.name, "cat": s.kind, "pid": s.rank,
+                           "tid": 0, "ts": (s.start - t0) * 1e6,
+                           "dur": max(s.duration, 0.0) * 1e6, "args": args})
+        path = os.fspath(path)
+        with open(path, "w") as fh:
+            json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, fh)
+        return path
+
+
+class Summary:
+    """Per-rank shares of a timeline; prints as a table, renders as HTML in a notebook."""
+
+    COLUMNS = ("compute", "comm", "wait", "idle")
+
+    def __init__(self, rows: list[dict], duration: float):
+        self.rows = rows
+        self.duration = duration
+
+    def __getitem__(self, rank: int) -> dict:
+        for row in self.rows:
+            if row["rank"] == rank:
+                return row
+        raise KeyError(rank)
+
+    def mean(self, kind: str) -> float:
+        """Mean share of one kind over all ranks (e.g. ``summary.mean("compute")``)."""
+        return sum(r[f"{kind}_share"] for r in self.rows) / max(len(self.rows), 1)
+
+    def __str__(self) -> str:
+        head = f"{'device':<28}" + "".join(f"{c:>9}" for c in self.COLUMNS) + f"{'bytes':>12}"
+        lines = [f"timeline of {self.duration * 1e3:.1f} ms", head]
+        for r in self.rows:
+            lines.append(f"{r['device'][:27]:<28}"
+                         + "".join(f"{r[c + '_share']:>9.1%}" for c in self.COLUMNS)
+                         + f"{_human_bytes(r['comm_bytes']):>12}")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        cells = "".join(f"<th>{c}</th>" for c in ("device", *self.COLUMNS, "comm bytes"))
+        body = "".join(
+            "<tr><td>{}</td>{}<td>{}</td></tr>".format(
+                r["device"], "".join(f"<td>{r[c + '_share']:.1%}</td>" for c in self.COLUMNS),
+                _human_bytes(r["comm_bytes"]))
+            for r in self.rows)
+        return (f"<p>timeline of {self.duration * 1e3:.1f} ms</p>"
+                f"<table><tr>{cells}</tr>{body}</table>")
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"

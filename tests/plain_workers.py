@@ -1,0 +1,12 @@
+"""Workers that import no framework: for launcher tests that need not pay for torch."""
+import time
+
+
+def no_torch(rank, world_size):
+    return rank * 10
+
+
+def no_torch_raises(rank, world_size):
+    if rank == 1:
+        raise RuntimeError("plain failure")
+    time.sleep(30)

@@ -1,0 +1,58 @@
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import parlab
+from parlab.hardware import MAX_SIMULATED
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.0, "4", None, True])
+def test_impossible_counts_are_value_errors(bad):
+    with pytest.raises(ValueError, match="number of devices"):
+        parlab.devices(bad)
+
+
+def test_without_enough_gpus_devices_are_simulated_and_say_so():
+    import torch
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    n = gpus + 1
+    devs = parlab.devices(n)
+    assert devs.simulated and devs.backend == "gloo" and devs.kind == "cpu"
+    line = devs.describe()
+    assert line.startswith(f"{n} simulated device") and "gloo" in line and "\n" not in line
+    assert devs.label(0) == "rank 0 · cpu (simulated)"
+    with pytest.raises(ValueError, match="simulate=False"):
+        parlab.devices(n, simulate=False)
+
+
+def test_forced_simulation_and_limits():
+    assert parlab.devices(1, simulate=True).reason == "simulation requested"
+    with pytest.raises(ValueError, match=f"at most {MAX_SIMULATED}"):
+        parlab.devices(MAX_SIMULATED + 1)
+    with pytest.raises(ValueError, match="framework"):
+        parlab.devices(2, framework="jax")
+
+
+def test_tensorflow_logical_devices_are_configured_once():
+    pytest.importorskip("tensorflow")
+    code = textwrap.dedent("""
+        import parlab, tensorflow as tf
+        devs = parlab.devices(3, framework="tf")
+        print(devs.describe())
+        print(len(tf.config.list_logical_devices("CPU")))
+        tf.constant(1.0) + 1  # TensorFlow is now initialised
+        print(parlab.devices(3, framework="tf").n)
+        try:
+            parlab.devices(2, framework="tf")
+        except ValueError as e:
+            print("REFUSED", e)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env={"TF_CPP_MIN_LOG_LEVEL": "3", "PATH": ""})
+    lines = out.stdout.splitlines()
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert lines[0].startswith("3 simulated devices (logical CPU devices")
+    assert lines[1] == "3" and lines[2] == "3"
+    assert lines[3].startswith("REFUSED") and "restart the kernel" in lines[3]

@@ -1,0 +1,265 @@
+"""The launcher: results, failures, hangs, interrupts, cleanup, notebook functions."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import plain_workers
+import workers
+from conftest import rank_processes
+
+import parlab
+from parlab import LaunchTimeout, WorkerError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_results_come_back_in_rank_order_with_one_thread_per_simulated_device(no_leftover_ranks):
+    out = parlab.launch(workers.rank_info, 3)
+    assert [r["rank"] for r in out.results] == [0, 1, 2]
+    assert all(r["world_size"] == 3 for r in out.results)
+    assert len({r["pid"] for r in out.results}) == 3
+    assert all(r["threads"] == 1 and r["omp"] == "1" for r in out.results)
+    assert out.devices.simulated and out.devices.backend == "gloo"
+    assert out.timeline.ranks == [0, 1, 2]
+
+
+def test_seeds_are_offset_by_rank_and_reproducible(no_leftover_ranks):
+    first = parlab.launch(workers.rank_info, 2, seed=7).results
+    again = parlab.launch(workers.rank_info, 2, seed=7).results
+    assert first[0]["torch_rand"] != first[1]["torch_rand"]
+    assert first[0]["py_rand"] != first[1]["py_rand"]
+    assert [r["torch_rand"] for r in first] == [r["torch_rand"] for r in again]
+
+
+def test_a_collective_across_four_ranks(no_leftover_ranks):
+    out = parlab.launch(workers.sum_of_ranks, 4)
+    assert [float(r[0]) for r in out.results] == [6.0] * 4
+    assert all(s.name == "all_reduce" for s in out.timeline)
+
+
+def test_function_defined_in_main_is_sent_by_value(no_leftover_ranks):
+    # What a notebook cell produces: a function and a class living in __main__, which a
+    # spawned process cannot import.
+    namespace = {"__name__": "__main__"}
+    exec(textwrap.dedent("""
+        class Scale:
+            def __init__(self, k):
+                self.k = k
+
+        def cell_worker(rank, world_size, factor):
+            import torch
+            from parlab.torch import comm
+            x = torch.tensor([float(rank) * Scale(factor).k])
+            comm.all_reduce(x)
+            return float(x[0])
+    """), namespace)
+    out = parlab.launch(namespace["cell_worker"], 2, args=(3,))
+    assert out.results == [3.0, 3.0]
+
+
+def test_function_defined_in_a_real_notebook_cell(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(textwrap.dedent("""
+        import parlab
+        def cell_worker(rank, world_size):
+            import torch
+            from parlab.torch import comm
+            return float(comm.all_reduce(torch.tensor([rank + 1.0]))[0])
+        out = parlab.launch(cell_worker, 2)
+        print("RESULTS", out.results)
+    """))]
+    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    text = "".join(o.get("text", "") for o in nb.cells[0].outputs)
+    assert "RESULTS [3.0, 3.0]" in text
+
+
+def test_a_raising_rank_is_named_with_its_traceback_and_the_others_are_stopped(no_leftover_ranks):
+    started = time.perf_counter()
+    with pytest.raises(WorkerError) as info:
+        parlab.launch(workers.raise_on_rank_1, 3, timeout=60)
+    assert time.perf_counter() - started < 20  # seconds, not the 60 s timeout
+    err = info.value
+    assert err.rank == 1
+    assert "rank 1 of 3 failed: ValueError: shard 1 is malformed" in str(err)
+    assert "raise_on_rank_1" in err.remote_traceback
+    # and the notebook can launch again at once
+    assert parlab.launch(plain_workers.no_torch, 2, process_group=False).results == [0, 10]
+
+
+def test_a_rank_killed_by_a_signal_is_reported(no_leftover_ranks):
+    with pytest.raises(WorkerError) as info:
+        parlab.launch(workers.sigkill_rank_0, 2, timeout=60)
+    assert info.value.rank == 0
+    assert "SIGKILL" in str(info.value)
+
+
+def test_a_hang_becomes_a_timeout_that_says_where_each_rank_was(no_leftover_ranks):
+    started = time.perf_counter()
+    with pytest.raises(LaunchTimeout) as info:
+        parlab.launch(workers.recv_that_never_comes, 2, timeout=4)
+    elapsed = time.perf_counter() - started
+    assert 4 <= elapsed < 15
+    assert isinstance(info.value, TimeoutError)
+    assert set(info.value.stuck) == {0, 1}
+    assert "recv" in info.value.stuck[0] and "recv_that_never_comes" in info.value.stuck[0]
+    assert "sleep" in info.value.stuck[1] or "recv_that_never_comes" in info.value.stuck[1]
+
+
+def test_twenty_launches_leak_no_process_thread_or_file(no_leftover_ranks):
+    me = psutil.Process()
+    parlab.launch(plain_workers.no_torch, 2, process_group=False)  # warm up lazy imports
+    parlab.launch(workers.sum_of_ranks, 2)
+    fds, threads = me.num_fds(), me.num_threads()
+    for i in range(20):  # plain processes: the launcher's own bookkeeping, fast
+        if i % 2:
+            with pytest.raises(WorkerError):
+                parlab.launch(plain_workers.no_torch_raises, 2, process_group=False)
+        else:
+            assert parlab.launch(plain_workers.no_torch, 2, process_group=False).results == [0, 10]
+    for _ in range(2):  # and with torch process groups, through failure and success
+        with pytest.raises(WorkerError):
+            parlab.launch(workers.raise_on_rank_1, 2)
+        parlab.launch(workers.sum_of_ranks, 2)
+    assert not rank_processes()
+    assert me.num_fds() <= fds + 2, (fds, me.num_fds())
+    assert me.num_threads() <= threads + 1, (threads, me.num_threads())
+
+
+def test_keyboard_interrupt_stops_every_rank(tmp_path):
+    pids = tmp_path / "pids"
+    script = tmp_path / "interrupted.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, sys, time
+        import parlab
+
+        def worker(rank, world_size):
+            with open({str(pids)!r}, "a") as fh:
+                fh.write(f"{{os.getpid()}}\\n")
+            time.sleep(600)
+
+        if __name__ == "__main__":
+            try:
+                parlab.launch(worker, 2, process_group=False, timeout=300)
+            except KeyboardInterrupt:
+                print("INTERRUPTED", flush=True)
+                sys.exit(0)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                            cwd=tmp_path)
+    deadline = time.time() + 60
+    while time.time() < deadline and len(_lines(pids)) < 2:
+        time.sleep(0.1)
+    assert len(_lines(pids)) == 2, "ranks did not start"
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert "INTERRUPTED" in out
+    for pid in _lines(pids):
+        assert not psutil.pid_exists(int(pid)) or psutil.Process(int(pid)).status() == psutil.STATUS_ZOMBIE
+
+
+def _lines(path):
+    return path.read_text().split() if path.exists() else []
+
+
+def test_ranks_exit_when_the_launching_process_is_killed(tmp_path):
+    pids = tmp_path / "pids"
+    script = tmp_path / "orphaning.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, time
+        import parlab
+
+        def worker(rank, world_size):
+            with open({str(pids)!r}, "a") as fh:
+                fh.write(f"{{os.getpid()}}\\n")
+            time.sleep(600)
+
+        if __name__ == "__main__":
+            parlab.launch(worker, 2, process_group=False, timeout=300)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path)
+    deadline = time.time() + 60
+    while time.time() < deadline and len(_lines(pids)) < 2:
+        time.sleep(0.1)
+    proc.kill()  # like a notebook kernel that is killed or restarted
+    proc.wait()
+    deadline = time.time() + 10
+    alive = [int(p) for p in _lines(pids)]
+    while alive and time.time() < deadline:
+        alive = [p for p in alive if psutil.pid_exists(p)
+                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        time.sleep(0.2)
+    assert not alive, f"orphaned ranks still running: {alive}"
+
+
+def test_rank_output_is_prefixed(capfd):
+    namespace = {"__name__": "__main__"}
+    exec("def talk(rank, world_size):\n    print('hello from', rank)\n", namespace)
+    parlab.launch(namespace["talk"], 2, process_group=False)
+    out = capfd.readouterr().out
+    assert "[rank 0] hello from 0" in out and "[rank 1] hello from 1" in out
+
+
+def test_gloo_listens_on_loopback_only(no_leftover_ranks):
+    out = parlab.launch(workers.listening_addresses, 2)
+    for addrs in out.results:
+        assert addrs and all(a.startswith("127.") for a in addrs), addrs
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "2", True])
+def test_impossible_world_sizes_are_refused_at_once(bad):
+    with pytest.raises(ValueError, match="world_size"):
+        parlab.launch(plain_workers.no_torch, bad)
+
+
+def test_bad_settings_are_refused_with_what_to_change():
+    with pytest.raises(ValueError, match="timeout"):
+        parlab.launch(plain_workers.no_torch, 2, timeout=0)
+    with pytest.raises(ValueError, match=r"parlab.devices\(3\)"):
+        parlab.launch(plain_workers.no_torch, 3, devices=parlab.devices(2))
+    import threading
+    with pytest.raises(TypeError, match="could not send"):
+        parlab.launch(plain_workers.no_torch, 2, args=(threading.Lock(),))
+    with pytest.raises(TypeError, match="callable"):
+        parlab.launch("plain_workers.no_torch", 2)
+
+
+def test_a_busy_port_is_a_clear_error(no_leftover_ranks):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        started = time.perf_counter()
+        with pytest.raises(RuntimeError, match=f"127.0.0.1:{port}.*port=None"):
+            parlab.launch(workers.sum_of_ranks, 2, port=port)
+        assert time.perf_counter() - started < 10
+
+
+def test_the_same_worker_runs_under_torchrun(tmp_path):
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip("torchrun is not installed next to this python")
+    trace_path = tmp_path / "torchrun.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "parlab", "run",
+         "parlab.examples:hello_allreduce", "--trace", str(trace_path)],
+        capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith('{"results"'))
+    results = json.loads(line)["results"]
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["sum"] == r["expected"] == 1.0 for r in results)
+    trace = json.loads(trace_path.read_text())
+    lanes = {e["pid"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
+    assert lanes == {0, 1}

@@ -1,0 +1,90 @@
+"""Importable workers for the tests (a notebook-style worker is built in the tests)."""
+import os
+import random
+import signal
+import time
+
+import torch
+
+import parlab
+from parlab.torch import comm
+
+
+def rank_info(rank, world_size):
+    return {"rank": rank, "world_size": world_size, "pid": os.getpid(),
+            "threads": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS"),
+            "torch_rand": float(torch.rand(1)), "py_rand": random.random()}
+
+
+def sum_of_ranks(rank, world_size):
+    x = torch.tensor([float(rank)])
+    comm.all_reduce(x)
+    return x
+
+
+def raise_on_rank_1(rank, world_size):
+    if rank == 1:
+        raise ValueError("shard 1 is malformed")
+    comm.recv(torch.zeros(1), src=1)  # would block forever without the launcher
+    return rank
+
+
+def sigkill_rank_0(rank, world_size):
+    if rank == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    comm.all_reduce(torch.zeros(1))
+    return rank
+
+
+def recv_that_never_comes(rank, world_size):
+    if rank == 0:
+        comm.recv(torch.zeros(1), src=1)
+    else:
+        time.sleep(600)
+
+
+def listening_addresses(rank, world_size):
+    import psutil
+    comm.barrier()
+    addrs = sorted({c.laddr.ip for c in psutil.Process().net_connections(kind="inet")
+                    if c.status == psutil.CONN_LISTEN})
+    comm.barrier()
+    return addrs
+
+
+def every_collective(rank, world_size):
+    """Run each traced op once; return results for checking against local math."""
+    out = {}
+    x = torch.arange(4, dtype=torch.float32) + 10 * rank
+    out["all_reduce"] = comm.all_reduce(x.clone())
+    out["all_reduce_avg"] = comm.all_reduce(x.clone(), op="avg")
+    out["all_gather"] = torch.stack(comm.all_gather(x))
+    out["reduce_scatter"] = comm.reduce_scatter(torch.arange(2 * world_size, dtype=torch.float32) + rank)
+    out["broadcast"] = comm.broadcast(x.clone(), src=0)
+    if rank == 0:
+        comm.send(torch.ones(8), dst=1)
+    elif rank == 1:
+        out["recv"] = comm.recv(torch.zeros(8), src=0)
+    comm.barrier()
+    with parlab.span("local math"):
+        torch.ones(10).sum()
+    return out
+
+
+def skewed_clock_then_barrier(rank, world_size, skew_s, align):
+    """Rank 1's clock runs skew_s ahead; a span starts right after a barrier on all ranks."""
+    from parlab import trace
+    from parlab.torch import runtime
+    rec = trace.recorder()
+    if rank == 1:
+        real = time.perf_counter
+        rec.timer = trace.HostTimer(lambda: real() + skew_s)
+    if align:
+        runtime.align_clocks(force_estimate=True)
+    else:
+        rec.offset = 0.0
+    for _ in range(3):
+        comm.barrier()
+        with parlab.span("after barrier"):
+            time.sleep(0.001)
+    return rec.offset
