@@ -135,12 +135,13 @@ def bandwidth(records: Sequence[dict], *, title: str | None = None, references: 
                         color=line.get_color(), alpha=0.7, label=f"{label} (bus)")
     if references:
         smallest = min((r["bytes"] for r in records), default=1)
-        for i, (name, bw) in enumerate(REFERENCE_LINKS.items()):
+        lowest = min(REFERENCE_LINKS.values())
+        for name, bw in REFERENCE_LINKS.items():
             ax_b.axhline(bw / 1e9, color="grey", ls=":", lw=1)
-            # alternate above/below the line: PCIe 3 and 4 are only 2x apart
-            ax_b.text(smallest, bw / 1e9 * (1.15 if i % 2 == 0 else 0.87),
-                      f"{name} (spec sheet)", fontsize=FONT - 3, color="grey",
-                      va="bottom" if i % 2 == 0 else "top")
+            # labels above their line, the lowest below it: PCIe 3 and 4 are only 2x apart
+            below = bw == lowest
+            ax_b.text(smallest, bw / 1e9 * (0.87 if below else 1.15), f"{name} (spec sheet)",
+                      fontsize=FONT - 3, color="grey", va="top" if below else "bottom")
     ax_t.set_xlabel("message size (bytes)", fontsize=FONT)
     ax_t.set_ylabel("time per operation (us)", fontsize=FONT)
     ax_t.set_title("latency dominates small messages", fontsize=FONT + 1)
