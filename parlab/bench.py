@@ -138,3 +138,47 @@ def _paired_ratio(results, a: str, b: str) -> tuple[float, float, float]:
     ratios = sorted(x / y for r in results for x, y in zip(r[a], r[b]))
     return (statistics.median(ratios), ratios[len(ratios) // 4],
             ratios[(3 * len(ratios)) // 4])
+
+
+# --------------------------------------------------------------------------- lab 02
+def _median_step(timeline, rank: int = 0, name: str = "data") -> float:
+    """Median interval between the starts of consecutive steps on one rank."""
+    starts = sorted(s.start for s in timeline if s.rank == rank and s.name == name)
+    return statistics.median(b - a for a, b in zip(starts, starts[1:]))
+
+
+@benchmark("manual_split")
+def manual_split(quick: bool = False) -> list[str]:
+    import numpy as np
+    import torch
+
+    from parlab.launcher import launch
+    from parlab.splitting import SplitConfig, balance
+    from parlab.torch import split
+
+    steps = 30 if quick else 80
+    mlp = SplitConfig(steps=steps, optimizer="adam", lr=1e-3)
+    step = {}
+    for n, bounds in ((1, []), (2, [4]), (1, []), (2, [4])):  # interleaved: drift hits both
+        out = launch(split.train_split, n, args=(SplitConfig(**{**mlp.__dict__, "bounds": bounds}),))
+        step.setdefault(n, []).append(_median_step(out.timeline))
+    one, two = min(step[1]), min(step[2])  # best of two interleaved runs each
+    lines = [f"MLP step: 1 device {one * 1e3:.2f} ms, split over 2 devices {two * 1e3:.2f} ms: "
+             f"the split takes {two / one:.2f}x the single-device time "
+             f"({'slower' if two > one else 'not slower'}, as expected: one device works at a time)"]
+
+    conv = SplitConfig(model="conv_stack", width=32, steps=steps // 2)
+    model = split.build(conv)
+    torch.set_num_threads(1)  # time layers as a simulated device runs them
+    times = split.layer_times(model, torch.zeros(split.input_shape(conv)))
+    ratios = {}
+    for name, bounds in (("by parameters", split.split_by_params(model, 2)),
+                         ("by measured time", balance(times, 2))):
+        out = launch(split.train_split, 2, args=(SplitConfig(**{**conv.__dict__, "bounds": bounds}),))
+        busy = [out.timeline.seconds_by_kind(r)["compute"] for r in (0, 1)]
+        ratios[name] = (bounds, max(busy) / np.mean(busy))
+    (nb, naive), (bb, bal) = ratios["by parameters"], ratios["by measured time"]
+    lines.append(f"conv_stack on 2 devices, busiest/mean compute (measured): split by parameters "
+                 f"{nb} {naive:.2f}, split by measured time {bb} {bal:.2f} "
+                 f"({naive / bal:.2f}x better balanced)")
+    return lines

@@ -91,6 +91,48 @@ register(Exercise(
 ))
 
 
+# --------------------------------------------------------------------------- lab 01
+def _mlp_activation_bytes(sizes, batch_size):
+    # every Linear output, and the ReLU output after each hidden Linear, in float32
+    return 4 * batch_size * (sum(sizes[1:]) + sum(sizes[1:-1]))
+
+
+register(Exercise(
+    name="mlp_activation_bytes",
+    reference=_mlp_activation_bytes,
+    cases=[((64, 256, 256, 128, 10), 64), ((64, 10), 1), ((8, 32, 8), 100), ((64, 512, 10), 7)],
+    hint="count one output per layer: each Linear gives batch x out_features numbers, and "
+         "each ReLU (after every Linear but the last) as many again; a float32 is 4 bytes.",
+))
+
+
+# --------------------------------------------------------------------------- lab 02
+def check_split(bounds, costs, n_devices: int, names=None) -> float:
+    """Say how balanced a learner's split is, compared with the best possible one.
+
+    costs: measured time (or any cost) per layer. Returns the busiest-over-mean ratio.
+    """
+    from .splitting import balance, check_bounds, imbalance, stage_costs
+    try:
+        bounds = check_bounds(bounds, len(costs), n_devices)
+    except ValueError as exc:
+        print(f"[split] not a valid split: {exc}")
+        return float("inf")
+    ratio = imbalance(costs, bounds)
+    best = balance(costs, n_devices)
+    best_ratio = imbalance(costs, best)
+    stages = stage_costs(costs, bounds)
+    share = ", ".join(f"{s / sum(stages):.0%}" for s in stages)
+    print(f"[split] {bounds}: the stages get {share} of the work; busiest / mean = {ratio:.2f}")
+    if ratio <= best_ratio * 1.02:
+        print(f"[split] as balanced as it gets (the best split, {best}, has {best_ratio:.2f}).")
+    else:
+        where = f" (cut before {', '.join(names[b] for b in best)})" if names else ""
+        print(f"[split] the best split is {best}{where} with {best_ratio:.2f}: "
+              f"look for the cut that brings the biggest stage closest to 1/{n_devices} of the total.")
+    return ratio
+
+
 # --------------------------------------------------------------------------- student copy
 _SOLUTION = re.compile(r"^([ \t]*)# BEGIN SOLUTION[^\n]*\n.*?^[ \t]*# END SOLUTION[^\n]*$",
                        re.S | re.M)

@@ -100,10 +100,17 @@ def devices(n: int, *, simulate: bool | None = None, framework: str = "torch") -
     return DeviceSet(n, framework, "cpu", True, backend, names, gpus, reason)
 
 
+def quiet_tensorflow() -> None:
+    """Fewer start-up banners from TensorFlow; must run before its first import."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # drops a banner; results identical
+
+
 def _count_gpus(framework: str) -> int:
     if framework == "torch":
         import torch
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    quiet_tensorflow()
     import tensorflow as tf
     return len(tf.config.list_physical_devices("GPU"))
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+import numpy as np
+
 from .trace import COMM, COMPUTE, IDLE, WAIT, Timeline
 
 COLORS = {COMPUTE: "#1f77b4", COMM: "#ff7f0e", WAIT: "#d62728", IDLE: "#e6e6e6"}
@@ -25,26 +27,42 @@ def _finish(fig):
     return fig
 
 
+PHASE_COLORS = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
+
+
 def timeline(tl: Timeline, *, title: str | None = None, ax=None, names: bool = True,
-             unit: str = "ms", predicted: bool = False):
+             unit: str = "ms", predicted: bool = False, color_by: str = "kind"):
     """Draw one lane per device; bars coloured by kind, idle time in light grey.
 
     names: write span names on bars wide enough to hold them.
     predicted: label the figure as a prediction (cost model), not a measurement.
+    color_by: "kind" (compute / communication / wait) or "name" (one colour per span
+        name: forward, backward, ...; communication stays orange).
     """
+    if color_by not in ("kind", "name"):
+        raise ValueError(f"color_by must be 'kind' or 'name', got {color_by!r}")
     plt = _pyplot()
     scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
     own = ax is None
     if own:
-        fig, ax = plt.subplots(figsize=(11, 0.7 * len(tl.ranks) + 1.6))
+        fig, ax = plt.subplots(figsize=(12, 0.7 * len(tl.ranks) + 1.5))
     else:
         fig = ax.figure
     t0, width = tl.start, max(tl.duration, 1e-12)
+    colors = dict(COLORS)
+    if color_by == "name":
+        compute_names = list(dict.fromkeys(s.name for s in tl.spans if s.kind == COMPUTE))
+        colors = {n: PHASE_COLORS[i % len(PHASE_COLORS)] for i, n in enumerate(compute_names)}
+        colors.update({COMM: COLORS[COMM], WAIT: COLORS[WAIT], IDLE: COLORS[IDLE]})
+
+    def color(seg):
+        return colors[seg.name] if color_by == "name" and seg.kind == COMPUTE else colors[seg.kind]
+
     for lane, rank in enumerate(tl.ranks):
         y = len(tl.ranks) - 1 - lane
         for seg in tl.segments(rank):
             left, w = (seg.start - t0) * scale, (seg.end - seg.start) * scale
-            ax.barh(y, w, left=left, height=0.7, color=COLORS[seg.kind],
+            ax.barh(y, w, left=left, height=0.7, color=color(seg),
                     edgecolor="white" if seg.kind != IDLE else "none", linewidth=0.5)
             if names and seg.kind != IDLE and (seg.end - seg.start) / width > 0.06:
                 ax.text(left + w / 2, y, seg.name, ha="center", va="center",
@@ -55,10 +73,10 @@ def timeline(tl: Timeline, *, title: str | None = None, ax=None, names: bool = T
     ax.set_xlim(0, width * scale)
     kind = "predicted (cost model)" if predicted else "measured"
     ax.set_title(title or f"{kind} timeline", fontsize=FONT + 2)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[k]) for k in COLORS]
-    ax.legend(handles, [LABELS[k] for k in COLORS], loc="upper center",
-              bbox_to_anchor=(0.5, -0.35 if len(tl.ranks) < 3 else -0.2), ncol=4,
-              fontsize=FONT - 1, frameon=False)
+    keys = list(colors)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colors[k]) for k in keys]
+    ax.legend(handles, [LABELS.get(k, k) for k in keys], loc="upper left",
+              bbox_to_anchor=(1.01, 1), fontsize=FONT - 1, frameon=False)
     ax.tick_params(labelsize=FONT - 1)
     if own:
         fig.tight_layout()
@@ -88,8 +106,7 @@ def utilization(tl: Timeline, *, title: str | None = None, ax=None):
     ax.set_xlim(0, 100)
     ax.set_xlabel("share of the timeline (%)", fontsize=FONT)
     ax.set_title(title or "utilization per device (measured)", fontsize=FONT + 2)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4,
-              fontsize=FONT - 1, frameon=False)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=FONT - 1, frameon=False)
     ax.tick_params(labelsize=FONT - 1)
     if own:
         fig.tight_layout()
@@ -170,5 +187,85 @@ def scaling(n_devices: Iterable[int], seconds: Iterable[float], *, title: str | 
     ax.set_title(title or "scaling (measured)", fontsize=FONT + 2)
     ax.legend(fontsize=FONT - 1)
     ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _finish(fig)
+
+
+def training(history: dict, *, title: str | None = None):
+    """Loss per step and, if present, test accuracy per epoch."""
+    plt = _pyplot()
+    has_acc = bool(history.get("test_accuracy"))
+    fig, axes = plt.subplots(1, 2 if has_acc else 1, figsize=(11 if has_acc else 6, 3.8))
+    axes = list(np.atleast_1d(axes))
+    axes[0].plot(history["loss"], lw=1)
+    axes[0].set_xlabel("step", fontsize=FONT)
+    axes[0].set_ylabel("training loss", fontsize=FONT)
+    if has_acc:
+        acc = history["test_accuracy"]
+        axes[1].plot(range(1, len(acc) + 1), [a * 100 for a in acc], "o-")
+        axes[1].set_xlabel("epoch", fontsize=FONT)
+        axes[1].set_ylabel("test accuracy (%)", fontsize=FONT)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.suptitle(title or "training (measured)", fontsize=FONT + 1)
+    fig.tight_layout()
+    return _finish(fig)
+
+
+def throughput(records: Sequence[dict], *, title: str | None = None):
+    """Samples per second and step time against batch size (records from ``throughput``)."""
+    plt = _pyplot()
+    bs = [r["batch_size"] for r in records]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
+    a.semilogx(bs, [r["samples_per_s"] for r in records], "o-", base=2)
+    a.set_ylabel("samples / s", fontsize=FONT)
+    b.loglog(bs, [r["step_s"] * 1e3 for r in records], "o-", base=2)
+    b.set_ylabel("time per step (ms)", fontsize=FONT)
+    for ax in (a, b):
+        ax.set_xlabel("batch size", fontsize=FONT)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title or "throughput (measured)", fontsize=FONT + 1)
+    fig.tight_layout()
+    return _finish(fig)
+
+
+def memory(breakdowns: dict, *, title: str | None = None, unit: str = "MB"):
+    """Stacked bars, one per label: bytes of parameters, gradients, optimizer state, ...
+
+    breakdowns: {label: {part: bytes}}, e.g. {"computed": ..., "measured": ...} or one
+    entry per device.
+    """
+    plt = _pyplot()
+    scale = {"KB": 1e3, "MB": 1e6, "GB": 1e9}[unit]
+    labels = list(breakdowns)
+    parts: list[str] = []
+    for d in breakdowns.values():
+        parts += [p for p in d if p not in parts]
+    fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(labels) + 3), 4))
+    bottom = [0.0] * len(labels)
+    for part in parts:
+        vals = [breakdowns[lab].get(part, 0) / scale for lab in labels]
+        ax.bar(labels, vals, bottom=bottom, label=part)
+        bottom = [a + v for a, v in zip(bottom, vals)]
+    ax.set_ylabel(f"memory ({unit})", fontsize=FONT)
+    ax.set_title(title or "memory", fontsize=FONT + 1)
+    ax.legend(fontsize=FONT - 2, bbox_to_anchor=(1.02, 1), loc="upper left")
+    ax.tick_params(labelsize=FONT - 2)
+    fig.tight_layout()
+    return _finish(fig)
+
+
+def bars(values: dict, *, ylabel: str, title: str, highlight=None):
+    """A simple bar chart of named values (e.g. measured time per layer)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(values) + 2), 3.8))
+    names = list(values)
+    colors = ["#ff7f0e" if highlight and n in highlight else "#1f77b4" for n in names]
+    ax.bar(range(len(names)), list(values.values()), color=colors)
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names, rotation=45, ha="right", fontsize=FONT - 2)
+    ax.set_ylabel(ylabel, fontsize=FONT)
+    ax.set_title(title, fontsize=FONT + 1)
+    ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     return _finish(fig)

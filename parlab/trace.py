@@ -310,6 +310,35 @@ class Timeline:
                          "comm_bytes": self.comm_bytes(r)})
         return Summary(rows, self.duration)
 
+    def concurrency(self, kind: str = COMPUTE) -> dict[int, float]:
+        """Share of the timeline during which exactly k ranks were doing ``kind``.
+
+        A manual split should show nearly all its compute time at k = 1: one device busy
+        at a time. Perfect data parallelism on n devices shows k = n.
+        """
+        edges = []
+        for r in self.ranks:
+            for seg in self.segments(r):
+                if seg.kind == kind:
+                    edges += [(seg.start, 1), (seg.end, -1)]
+        edges.sort()
+        shares: dict[int, float] = {}
+        active, last = 0, self.start
+        for t, delta in edges:
+            shares[active] = shares.get(active, 0.0) + (t - last)
+            active, last = active + delta, t
+        shares[0] = shares.get(0, 0.0) + (self.end - last)
+        total = self.duration or 1.0
+        return {k: v / total for k, v in sorted(shares.items()) if v > 0}
+
+    def seconds_by_name(self, rank: int | None = None) -> dict[str, float]:
+        """Total measured seconds per span name (e.g. forward, backward), in first-seen order."""
+        out: dict[str, float] = {}
+        for s in self.spans:
+            if rank is None or s.rank == rank:
+                out[s.name] = out.get(s.name, 0.0) + s.duration
+        return out
+
     def comm_bytes(self, rank: int | None = None) -> int:
         return sum(s.bytes for s in self.spans
                    if s.kind == COMM and (rank is None or s.rank == rank))

@@ -1,0 +1,120 @@
+"""Lab 01's baseline: one model trained on one device, and what a step costs.
+
+Everything later labs compare with comes from here: the step timeline (data, forward,
+backward, update), throughput against batch size, and memory.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+from .. import data as datasets
+from ..trace import Timeline, recording, span
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray, device="cpu") -> float:
+    with torch.no_grad():
+        pred = model(torch.as_tensor(x, device=device)).argmax(1).cpu().numpy()
+    return float((pred == y).mean())
+
+
+def train(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int = 5,
+          batch_size: int = 64, lr: float = 1e-3, device="cpu", progress: bool = True,
+          seed: int = 0, x_test=None, y_test=None) -> dict:
+    """A plain training loop (Adam, cross-entropy) with a progress bar.
+
+    Returns the loss of every step and, if test data is given, the test accuracy after
+    every epoch.
+    """
+    from tqdm.auto import tqdm
+
+    model.to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    loss_fn = nn.CrossEntropyLoss()
+    history = {"loss": [], "test_accuracy": []}
+    steps = epochs * (len(y) // batch_size)
+    bar = tqdm(total=steps, desc="training", disable=not progress, leave=True)
+    for epoch in range(epochs):
+        model.train()
+        for xb, yb in datasets.batches(x, y, batch_size, seed=seed + epoch):
+            xb, yb = torch.as_tensor(xb, device=device), torch.as_tensor(yb, device=device)
+            opt.zero_grad()
+            loss = loss_fn(model(xb), yb)
+            loss.backward()
+            opt.step()
+            history["loss"].append(loss.item())
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+        if x_test is not None:
+            model.eval()
+            history["test_accuracy"].append(accuracy(model, x_test, y_test, device))
+    bar.close()
+    return history
+
+
+def step_timeline(model: nn.Module, x: np.ndarray, y: np.ndarray, *, batch_size: int = 64,
+                  steps: int = 5, device="cpu", label: str = "cpu") -> Timeline:
+    """Measure ``steps`` training steps, each split into data, forward, backward, update.
+
+    On a GPU each phase ends with a synchronize, so its span holds its kernels rather than
+    just their launch (CUDA events are used across ranks; one device needs no more).
+    """
+    model.to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_fn = nn.CrossEntropyLoss()
+    batches = datasets.batches(x, y, batch_size, seed=0)
+    with recording() as rec:
+        for _ in range(steps + 1):            # the first step warms up and is dropped
+            if _ == 1:
+                rec.clear()
+            with span("data"):
+                xb, yb = next(batches)
+                xb, yb = torch.as_tensor(xb, device=device), torch.as_tensor(yb, device=device)
+                _sync(device)
+            with span("forward"):
+                opt.zero_grad()
+                loss = loss_fn(model(xb), yb)
+                _sync(device)
+            with span("backward"):
+                loss.backward()
+                _sync(device)
+            with span("update"):
+                opt.step()
+                _sync(device)
+    return rec.timeline({0: f"rank 0 · {label}"})
+
+
+def throughput(make_model, x: np.ndarray, y: np.ndarray, batch_sizes, *, steps: int = 10,
+               device="cpu") -> list[dict]:
+    """Training samples per second for each batch size (median of ``steps`` timed steps)."""
+    loss_fn = nn.CrossEntropyLoss()
+    out = []
+    for bs in batch_sizes:
+        if bs > len(y):
+            raise ValueError(f"batch size {bs} is larger than the data ({len(y)} samples)")
+        torch.manual_seed(0)
+        model = make_model().to(device)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        xb = torch.as_tensor(x[:bs], device=device)
+        yb = torch.as_tensor(y[:bs], device=device)
+        times = []
+        for i in range(steps + 2):           # two warm-up steps
+            _sync(device)
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            loss_fn(model(xb), yb).backward()
+            opt.step()
+            _sync(device)
+            if i >= 2:
+                times.append(time.perf_counter() - t0)
+        step = float(np.median(times))
+        out.append({"batch_size": bs, "step_s": step, "samples_per_s": bs / step})
+    return out

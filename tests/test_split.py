@@ -1,0 +1,106 @@
+"""Manual split: equivalence with one device, the balancer, merging, bad splits."""
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+import parlab
+from parlab.splitting import SplitConfig, balance, check_bounds, imbalance, stage_costs
+from parlab.torch import split
+
+TOL = 1e-5  # float32; the split runs the same operations in the same order as one device
+
+
+def _merged(results):
+    return {k: v for r in results for k, v in r["state"].items()}
+
+
+@pytest.mark.parametrize("n,bounds,opt", [(2, [4], "sgd"), (4, [2, 4, 6], "adam"), (4, [1, 3, 5], "sgd")])
+def test_split_training_equals_single_device(n, bounds, opt, no_leftover_ranks):
+    cfg = SplitConfig(bounds=bounds, steps=6, optimizer=opt, lr=1e-2 if opt == "adam" else 0.1)
+    ref = split.train_reference(cfg)
+    out = parlab.launch(split.train_split, n, args=(cfg,))
+    np.testing.assert_allclose(out.results[-1]["first_logits"], ref["first_logits"], atol=TOL)
+    grads = {k: v for r in out.results for k, v in r["first_grads"].items()}
+    assert grads.keys() == ref["first_grads"].keys()
+    for k in grads:
+        np.testing.assert_allclose(grads[k], ref["first_grads"][k], atol=TOL, err_msg=k)
+    state = _merged(out.results)
+    for k, v in ref["state"].items():
+        np.testing.assert_allclose(state[k], v, atol=TOL, err_msg=k)
+    np.testing.assert_allclose(out.results[-1]["losses"], ref["losses"], atol=TOL)
+    merged = split.merge(cfg, out.results)
+    x = torch.as_tensor(parlab.data.digits("test")[0][:16])
+    ref_model = split.build(cfg)
+    ref_model.load_state_dict({k: torch.as_tensor(v) for k, v in ref["state"].items()})
+    torch.testing.assert_close(merged(x), ref_model(x), atol=TOL, rtol=0)
+
+
+def test_memory_per_device_falls_with_more_devices(no_leftover_ranks):
+    cfg = SplitConfig(steps=1)
+    peak = {}
+    for n in (1, 2):
+        bounds = split.split_by_params(split.build(cfg), n) if n > 1 else []
+        out = parlab.launch(split.train_split, n, args=(SplitConfig(bounds=bounds, steps=1),))
+        peak[n] = max(sum(r["memory"].values()) for r in out.results)
+    assert peak[2] < 0.8 * peak[1], peak
+
+
+def test_the_balancer_beats_the_parameter_split_on_uneven_layers(no_leftover_ranks):
+    cfg = SplitConfig(model="conv_stack", width=32, steps=20)
+    model = split.build(cfg)
+    torch.set_num_threads(1)
+    try:
+        times = split.layer_times(model, torch.zeros(split.input_shape(cfg)))
+    finally:
+        torch.set_num_threads(parlab.hardware.cpu_count())
+    naive, balanced = split.split_by_params(model, 2), balance(times, 2)
+    assert naive != balanced
+    ratios = {}
+    for name, bounds in (("naive", naive), ("balanced", balanced)):
+        out = parlab.launch(split.train_split, 2, args=(SplitConfig(**{**cfg.__dict__, "bounds": bounds}),))
+        busy = [out.timeline.seconds_by_kind(r)["compute"] for r in (0, 1)]
+        ratios[name] = max(busy) / np.mean(busy)  # measured busiest / mean device
+    assert ratios["balanced"] < ratios["naive"], ratios
+
+
+def test_balance_is_optimal_against_brute_force():
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        costs = list(rng.integers(1, 20, rng.integers(3, 9)))
+        n = int(rng.integers(2, min(4, len(costs)) + 1))
+        best = min(max(stage_costs(costs, list(b)))
+                   for b in itertools.combinations(range(1, len(costs)), n - 1))
+        got = balance(costs, n)
+        assert len(got) == n - 1 and max(stage_costs(costs, got)) == best
+    assert balance([1, 1, 1, 10, 1, 1], 2) == [3]
+    assert imbalance([1, 1], [1]) == 1.0
+    with pytest.raises(ValueError, match="between 1 and 3"):
+        balance([1, 2, 3], 4)
+
+
+@pytest.mark.parametrize("bounds,n,match", [([4], 3, "3 devices need 2"), ([4, 2], 3, "rise strictly"),
+                                            ([0], 2, "rise strictly"), ([7], 2, "rise strictly")])
+def test_bad_splits_are_refused_with_what_to_change(bounds, n, match):
+    with pytest.raises(ValueError, match=match):
+        check_bounds(bounds, 7, n)
+
+
+def test_a_split_for_the_wrong_number_of_ranks_fails_fast_and_clearly(no_leftover_ranks):
+    with pytest.raises(parlab.WorkerError, match="4 devices need 3 split points"):
+        parlab.launch(split.train_split, 4, args=(SplitConfig(bounds=[4], steps=1),), timeout=60)
+
+
+def test_placed_sequential_computes_the_same_as_the_model():
+    cfg = SplitConfig()
+    placed = split.PlacedSequential(split.segments(split.build(cfg), [2, 4]), ["cpu"] * 3)
+    x = torch.randn(4, 64)
+    torch.testing.assert_close(placed(x), split.build(cfg)(x))
+    with pytest.raises(ValueError, match="3 segments but 2 devices"):
+        split.PlacedSequential(split.segments(split.build(cfg), [2, 4]), ["cpu"] * 2)
+
+
+def test_config_refuses_unknown_models():
+    with pytest.raises(ValueError, match="model must be"):
+        SplitConfig(model="transformer")

@@ -1,0 +1,67 @@
+"""TensorFlow parts, each run in a fresh process: TF fixes its devices at its first op."""
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("tensorflow")
+
+
+def _run(code: str, timeout: int = 240) -> str:
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                         text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_tf_split_on_logical_devices_equals_the_unsplit_model():
+    out = _run("""
+        import numpy as np, parlab
+        devs = parlab.devices(4, framework="tf")
+        from parlab.tf import split
+        from parlab.splitting import SplitConfig
+        ref = split.train(SplitConfig(steps=5), devs.names[:1])
+        for bounds in ([2], [1, 2, 3]):
+            n = len(bounds) + 1
+            got = split.train(SplitConfig(steps=5, bounds=bounds), devs.names[:n], timeline=True)
+            for a, b in zip(ref["first_grads"], got["first_grads"]):
+                np.testing.assert_allclose(a, b, atol=1e-6)
+            np.testing.assert_allclose(ref["first_logits"], got["first_logits"], atol=1e-6)
+            for a, b in zip(ref["weights"], got["weights"]):
+                np.testing.assert_allclose(a, b, atol=1e-6)
+            placed = sorted(set(got["placement"].values()))
+            assert placed == list(devs.names[:n]), placed
+            sizes = got["bytes_per_device"]
+            assert sum(sizes.values()) == sum(ref["bytes_per_device"].values())
+            assert max(sizes.values()) < sum(sizes.values())
+            assert got["timeline"].ranks == list(range(n + 1))
+        print("OK")
+    """)
+    assert "OK" in out
+
+
+def test_tf_models_learn_and_both_training_paths_work():
+    out = _run("""
+        import numpy as np, parlab
+        parlab.devices(1, framework="tf")
+        from parlab import data
+        from parlab.tf import models, single
+        x, y = data.digits("train"); xt, yt = data.digits("test")
+        h = single.train_custom(models.mlp(), x, y, epochs=3, x_test=xt, y_test=yt, progress=False)
+        assert h["test_accuracy"][-1] > 0.85, h["test_accuracy"]
+        f = single.train_fit(models.mlp(), x, y, epochs=3, x_test=xt, y_test=yt, verbose=0)
+        assert f["val_accuracy"][-1] > 0.85, f
+        tl = single.step_timeline(models.mlp(), x, y, steps=2)
+        assert [s.name for s in tl][:4] == ["data", "forward", "backward", "update"]
+        est = single.memory_estimate(models.mlp(), 64)
+        assert est["parameters"] == models.mlp().count_params() * 4
+        xi, _ = data.digits("train", flat=False)
+        assert models.cnn()(np.transpose(xi[:2], (0, 2, 3, 1))).shape == (2, 10)
+        xw, _ = data.waves(2)
+        assert models.deep_lstm(layers_=2, hidden=8)(xw).shape == (2, 4)
+        xs, _ = data.shapes(2)
+        assert models.unet(4)(np.transpose(xs, (0, 2, 3, 1))).shape == (2, 32, 32, 3)
+        print("OK")
+    """)
+    assert "OK" in out
