@@ -182,3 +182,26 @@ def manual_split(quick: bool = False) -> list[str]:
                  f"{nb} {naive:.2f}, split by measured time {bb} {bal:.2f} "
                  f"({naive / bal:.2f}x better balanced)")
     return lines
+
+
+# --------------------------------------------------------------------------- lab 03
+@benchmark("vertical_slicing")
+def vertical_slicing(quick: bool = False) -> list[str]:
+    from parlab.launcher import launch
+    from parlab.torch import tensor_parallel as tp
+
+    sizes, batch, steps = (64, 256, 256, 128, 10), 64, (15 if quick else 40)
+    lines, step_time = [], {}
+    for scheme in ("naive", "column_row", "naive", "column_row"):  # interleaved, best of two
+        out = launch(tp.train_sliced, 2, args=(sizes, scheme, batch, steps))
+        measured = out.timeline.comm_bytes(0) / steps
+        formula = tp.expected_comm_bytes(sizes, batch, 2, scheme)["total"]
+        if scheme not in step_time:
+            check = "matches" if measured == formula else "DIFFERS FROM"
+            lines.append(f"{scheme:<11} {measured:>9,.0f} bytes per rank per step (measured), "
+                         f"{check} the formula {formula:,}")
+        step_time.setdefault(scheme, []).append(_median_step(out.timeline, name="forward"))
+    naive, paired = min(step_time["naive"]), min(step_time["column_row"])
+    lines.append(f"step time on 2 devices: naive {naive * 1e3:.2f} ms, column-then-row "
+                 f"{paired * 1e3:.2f} ms: naive/column-then-row = {naive / paired:.2f}")
+    return lines

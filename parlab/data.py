@@ -94,3 +94,10 @@ def batches(x, y, batch_size: int, *, seed: int = 0, shuffle: bool = True, drop_
     for start in range(0, max(stop, 0), batch_size):
         idx = order[start:start + batch_size]
         yield x[idx], y[idx]
+
+
+def endless_batches(x, y, batch_size: int):
+    """Fixed-order mini-batches, epoch after epoch: every rank and every reference run
+    sees the same sequence, for as many steps as asked."""
+    while True:
+        yield from batches(x, y, batch_size, shuffle=False)

@@ -38,6 +38,9 @@ def test_batches_cover_the_data_in_a_seeded_order():
     assert [list(b) for b in got] == [list(yb) for _, yb in data.batches(x, y, 3, seed=1)]
     with pytest.raises(ValueError):
         next(data.batches(x, y, 0))
+    endless = data.endless_batches(x, y, 4)
+    firsts = [next(endless)[1][0] for _ in range(5)]   # 2 batches per epoch, in fixed order
+    assert firsts == [0, 4, 0, 4, 0]
 
 
 @pytest.mark.parametrize("name", ["mlp", "cnn", "deep_lstm", "unet"])

@@ -65,3 +65,31 @@ def test_tf_models_learn_and_both_training_paths_work():
         print("OK")
     """)
     assert "OK" in out
+
+
+def test_tf_column_and_row_slices_equal_the_dense_layer():
+    out = _run("""
+        import numpy as np, parlab
+        devs = parlab.devices(2, framework="tf")
+        import tensorflow as tf, keras
+        from parlab.tf import tensor_parallel as ttp
+        tf.random.set_seed(0)
+        x = tf.random.normal((4, 8))
+        l1, l2 = keras.layers.Dense(10), keras.layers.Dense(3)
+        l1.build((None, 8)); l2.build((None, 10))
+        dense = l1(x)
+        y, where = ttp.column_parallel(x, l1.kernel, l1.bias, devs.names)
+        assert np.allclose(y, dense, atol=1e-5) and [w[-5:] for w in where] == ["CPU:0", "CPU:1"]
+        y, where = ttp.row_parallel(x, l1.kernel, l1.bias, devs.names)
+        assert np.allclose(y, dense, atol=1e-5) and [w[-5:] for w in where] == ["CPU:0", "CPU:1"]
+        pair = ttp.column_row_pair(x, l1.kernel, l1.bias, l2.kernel, l2.bias, devs.names)
+        assert np.allclose(pair, l2(tf.nn.relu(dense)), atol=1e-5)
+        try:
+            ttp.column_parallel(x, l1.kernel, l1.bias, ["/device:CPU:0"] * 3)
+        except ValueError as e:
+            assert "10 units" in str(e)
+        else:
+            raise AssertionError("an uneven split must be refused")
+        print("OK")
+    """)
+    assert "OK" in out

@@ -88,3 +88,26 @@ def skewed_clock_then_barrier(rank, world_size, skew_s, align):
         with parlab.span("after barrier"):
             time.sleep(0.001)
     return rec.offset
+
+
+def sliced_linear_layers(rank, world_size):
+    """Column- and row-parallel layers against the dense layer: outputs and gradients."""
+    from torch import nn
+
+    from parlab.torch import tensor_parallel as tp
+    torch.manual_seed(1)
+    full = nn.Linear(16, 8)
+    x = torch.randn(5, 16)
+    out = {}
+    col = tp.ColumnParallelLinear(full, rank, world_size, gather_output=True)
+    xc = x.clone().requires_grad_(True)
+    y = col(xc)
+    (y * torch.arange(8.0)).sum().backward()
+    out["col"] = (y.detach(), col.weight.grad, col.bias.grad, xc.grad)
+    row = tp.RowParallelLinear(full, rank, world_size)
+    part = 16 // world_size
+    xr = x[:, rank * part:(rank + 1) * part].clone().requires_grad_(True)
+    y = row(xr)
+    (y * torch.arange(8.0)).sum().backward()
+    out["row"] = (y.detach(), row.weight.grad, row.bias.grad, xr.grad)
+    return out

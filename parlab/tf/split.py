@@ -84,7 +84,7 @@ def train(cfg: SplitConfig, devices, *, timeline: bool = False) -> dict:
     stages = build_placed(cfg, devices)
     params = variables(stages)
     x, y = datasets.digits("train")
-    batches = datasets.batches(x, y, cfg.batch_size, shuffle=False)
+    batches = datasets.endless_batches(x, y, cfg.batch_size)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     out = {"losses": [], "placement": {v.path: device_of(v) for v in params}}
     spans: list[Span] = []
