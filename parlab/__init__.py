@@ -25,11 +25,13 @@ _LAZY = {
     "launch": ("parlab.launcher", "launch"),
     "metrics": ("parlab.metrics", None),
     "plot": ("parlab.plot", None),
+    "schedules": ("parlab.schedules", None),
     "recording": ("parlab.trace", "recording"),
     "span": ("parlab.trace", "span"),
     "splitting": ("parlab.splitting", None),
     "system_report": ("parlab.system", "system_report"),
     "torch": ("parlab.torch", None),
+    "widgets": ("parlab.widgets", None),
 }
 
 __all__ = sorted(_LAZY)

@@ -205,3 +205,29 @@ def vertical_slicing(quick: bool = False) -> list[str]:
     lines.append(f"step time on 2 devices: naive {naive * 1e3:.2f} ms, column-then-row "
                  f"{paired * 1e3:.2f} ms: naive/column-then-row = {naive / paired:.2f}")
     return lines
+
+
+# --------------------------------------------------------------------------- lab 04
+@benchmark("pipeline_bubble")
+def pipeline_bubble_bench(quick: bool = False) -> list[str]:
+    import numpy as np
+
+    from parlab.metrics import pipeline_bubble
+    from parlab.splitting import SplitConfig
+    from parlab.torch import pipeline as pl
+
+    # 32 layers of width 256 (weights fit a core's cache), 840 samples per batch:
+    # enough work per micro-batch that a message between the stages is small beside it.
+    cfg = SplitConfig(sizes=(64, *[256] * 32, 10), batch_size=840, steps=3 if quick else 5, lr=0.01)
+    lines, step = [], {}
+    for m in (1, 2, 4, 8):
+        out = pl.launch_pipeline(cfg, 2, m, "1f1b")
+        measured = pl.measured_bubble(out.timeline, 2, m)
+        formula = pipeline_bubble(2, m)
+        step[m] = float(np.median([e - s for s, e in pl.step_windows(out.timeline, 2, m)[1:]]))
+        verdict = "within" if abs(measured - formula) <= 0.05 else "OUTSIDE"
+        lines.append(f"p=2, m={m}: bubble measured {measured:.3f}, formula {formula:.3f}, "
+                     f"|difference| {abs(measured - formula):.3f} ({verdict} the 0.05 target)")
+    lines.append(f"throughput gain of m=8 over m=1: {step[1] / step[8]:.2f}x "
+                 f"(the formula's ideal: {(1 - pipeline_bubble(2, 8)) / (1 - pipeline_bubble(2, 1)):.2f}x)")
+    return lines

@@ -133,6 +133,39 @@ def check_split(bounds, costs, n_devices: int, names=None) -> float:
     return ratio
 
 
+# --------------------------------------------------------------------------- lab 04
+def check_schedule(fn, cases=((2, 4), (3, 5), (4, 8))):
+    """Check a learner's 1F1B schedule builder ``fn(stages, micro_batches)``.
+
+    It must be valid and deadlock-free, and each stage s may hold at most p - s
+    micro-batches at once (the memory bound that distinguishes 1F1B from GPipe).
+    Returns the function to use next.
+    """
+    from .schedules import check, one_f_one_b, peak_in_flight
+    for stages, micro_batches in cases:
+        try:
+            schedule = fn(stages, micro_batches)
+        except NotImplementedError:
+            print("[1f1b] not attempted yet: the lab goes on with the reference schedule.")
+            return one_f_one_b
+        try:
+            check(schedule, stages, micro_batches)
+        except ValueError as exc:
+            print(f"[1f1b] for {stages} stages and {micro_batches} micro-batches: {exc}\n"
+                  "The lab goes on with the reference schedule.")
+            return one_f_one_b
+        peaks = peak_in_flight(schedule)
+        bound = [min(stages - s, micro_batches) for s in range(stages)]
+        if any(p > b for p, b in zip(peaks, bound)):
+            print(f"[1f1b] valid and deadlock-free for {stages} stages and {micro_batches} "
+                  f"micro-batches, but the stages hold {peaks} micro-batches at once; 1F1B "
+                  f"holds at most {bound}. Start each backward as soon as it is possible.\n"
+                  "The lab goes on with the reference schedule.")
+            return one_f_one_b
+    print(f"[1f1b] correct: valid, deadlock-free and within 1F1B's memory bound on {len(cases)} cases.")
+    return fn
+
+
 # --------------------------------------------------------------------------- student copy
 _SOLUTION = re.compile(r"^([ \t]*)# BEGIN SOLUTION[^\n]*\n.*?^[ \t]*# END SOLUTION[^\n]*$",
                        re.S | re.M)

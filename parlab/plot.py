@@ -37,7 +37,8 @@ def timeline(tl: Timeline, *, title: str | None = None, ax=None, names: bool = T
     names: write span names on bars wide enough to hold them.
     predicted: label the figure as a prediction (cost model), not a measurement.
     color_by: "kind" (compute / communication / wait) or "name" (one colour per span
-        name: forward, backward, ...; communication stays orange).
+        name: forward, backward, ...; trailing digits are ignored, so F0, F1, ... share
+        a colour; communication stays orange).
     """
     if color_by not in ("kind", "name"):
         raise ValueError(f"color_by must be 'kind' or 'name', got {color_by!r}")
@@ -50,13 +51,16 @@ def timeline(tl: Timeline, *, title: str | None = None, ax=None, names: bool = T
         fig = ax.figure
     t0, width = tl.start, max(tl.duration, 1e-12)
     colors = dict(COLORS)
+    def phase(name: str) -> str:
+        return name.rstrip("0123456789") or name
+
     if color_by == "name":
-        compute_names = list(dict.fromkeys(s.name for s in tl.spans if s.kind == COMPUTE))
+        compute_names = list(dict.fromkeys(phase(s.name) for s in tl.spans if s.kind == COMPUTE))
         colors = {n: PHASE_COLORS[i % len(PHASE_COLORS)] for i, n in enumerate(compute_names)}
         colors.update({COMM: COLORS[COMM], WAIT: COLORS[WAIT], IDLE: COLORS[IDLE]})
 
     def color(seg):
-        return colors[seg.name] if color_by == "name" and seg.kind == COMPUTE else colors[seg.kind]
+        return colors[phase(seg.name)] if color_by == "name" and seg.kind == COMPUTE else colors[seg.kind]
 
     for lane, rank in enumerate(tl.ranks):
         y = len(tl.ranks) - 1 - lane
@@ -64,7 +68,7 @@ def timeline(tl: Timeline, *, title: str | None = None, ax=None, names: bool = T
             left, w = (seg.start - t0) * scale, (seg.end - seg.start) * scale
             ax.barh(y, w, left=left, height=0.7, color=color(seg),
                     edgecolor="white" if seg.kind != IDLE else "none", linewidth=0.5)
-            if names and seg.kind != IDLE and (seg.end - seg.start) / width > 0.06:
+            if names and seg.kind != IDLE and (seg.end - seg.start) / width > 0.045:
                 ax.text(left + w / 2, y, seg.name, ha="center", va="center",
                         color="white", fontsize=FONT - 2, clip_on=True)
     ax.set_yticks(range(len(tl.ranks)))

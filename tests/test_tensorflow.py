@@ -93,3 +93,26 @@ def test_tf_column_and_row_slices_equal_the_dense_layer():
         print("OK")
     """)
     assert "OK" in out
+
+
+def test_tf_lstm_stack_placed_on_logical_devices():
+    out = _run("""
+        import numpy as np, parlab
+        devs = parlab.devices(2, framework="tf")
+        import tensorflow as tf
+        from parlab import data
+        from parlab.tf import pipeline as tpl
+        x = tf.constant(data.waves(8, 12)[0])
+        placed = tpl.build_stack(4, 16, devs.names)
+        one = tpl.build_stack(4, 16, devs.names[:1])
+        from parlab.tf.split import device_of
+        devices = [device_of(l.trainable_variables[0]) for l in placed]
+        assert devices == [devs.names[0], devs.names[1], devs.names[0], devs.names[1]], devices
+        res = tpl.timed(placed, devs.names, x, repeats=1)
+        ref = tpl.forward(one, devs.names[:1], x).numpy()
+        for r in res.values():
+            np.testing.assert_allclose(r["y"], ref, atol=1e-5)
+            assert r["seconds"] > 0
+        print("OK")
+    """)
+    assert "OK" in out

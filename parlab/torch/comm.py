@@ -17,7 +17,7 @@ import torch.distributed as dist
 from ..trace import COMM, span
 
 __all__ = ["all_gather", "all_reduce", "barrier", "broadcast", "get_rank",
-           "get_world_size", "recv", "reduce_scatter", "send"]
+           "get_world_size", "isend", "recv", "reduce_scatter", "send", "wait_all"]
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
         "product": dist.ReduceOp.PRODUCT}
@@ -47,6 +47,25 @@ def get_world_size(group=None) -> int:
 def send(tensor: torch.Tensor, dst: int, *, group=None, tag: int = 0) -> None:
     with span("send", COMM, nbytes(tensor), peer=dst):
         dist.send(tensor, dst, group=group, tag=tag)
+
+
+def isend(tensor: torch.Tensor, dst: int, *, group=None, tag: int = 0):
+    """Start sending ``tensor`` and return at once; finish with ``wait_all``.
+
+    The span covers only posting the message: the transfer goes on in the background
+    (and shows on the receiver's side). Keep ``tensor`` unchanged until it is waited for.
+    Pipelines need this: two neighbours each blocking in a send to the other deadlock.
+    """
+    with span("isend", COMM, nbytes(tensor), peer=dst):
+        return dist.isend(tensor, dst, group=group, tag=tag)
+
+
+def wait_all(works) -> None:
+    """Wait for pending ``isend`` operations (recorded as one communication span)."""
+    if works:
+        with span("wait sends", COMM, 0):
+            for work in works:
+                work.wait()
 
 
 def recv(tensor: torch.Tensor, src: int, *, group=None, tag: int = 0) -> torch.Tensor:
