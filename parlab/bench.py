@@ -231,3 +231,34 @@ def pipeline_bubble_bench(quick: bool = False) -> list[str]:
     lines.append(f"throughput gain of m=8 over m=1: {step[1] / step[8]:.2f}x "
                  f"(the formula's ideal: {(1 - pipeline_bubble(2, 8)) / (1 - pipeline_bubble(2, 1)):.2f}x)")
     return lines
+
+
+# --------------------------------------------------------------------------- lab 05
+@benchmark("data_parallel")
+def data_parallel_bench(quick: bool = False) -> list[str]:
+    import numpy as np
+
+    from parlab.launcher import launch
+    from parlab.torch import data_parallel as dp
+
+    steps = 8 if quick else 14
+    step = {}
+    for n in (1, 2, 1, 2):  # interleaved, best of two: the machine's drift hits both
+        res = launch(dp.train_data_parallel, n, args=("ddp", "conv_stack", 256, steps, 0.05))
+        step.setdefault(n, []).append(float(np.median(res.results[0]["step_s"][2:])))
+    one, two = min(step[1]), min(step[2])
+    speedup = one / two
+    lines = [f"data parallel (DDP), conv_stack, global batch 256: 1 device {one * 1e3:.1f} ms, "
+             f"2 devices {two * 1e3:.1f} ms per step: speed-up {speedup:.2f}x "
+             f"(target >= 1.6: {'meets' if speedup >= 1.6 else 'MISSES'})"]
+    for n in (2, 4):
+        recs = launch(dp.ring_bandwidth, n, args=((2**20, 2**22, 2**24),)).results[0]
+        ratios = []
+        for size in sorted({r["bytes"] for r in recs}):
+            t = {r["impl"]: r["seconds"] for r in recs if r["bytes"] == size}
+            ratios.append(t["library"] / t["our ring"])
+        ratio = float(np.median(ratios))
+        target = f" (target >= 0.7: {'meets' if ratio >= 0.7 else 'MISSES'})" if n == 2 else ""
+        lines.append(f"ring all-reduce by hand on {n} ranks, 1-16 MB: bandwidth over the library's "
+                     f"{ratio:.2f} (per size: {', '.join(f'{r:.2f}' for r in ratios)}){target}")
+    return lines

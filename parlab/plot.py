@@ -133,7 +133,7 @@ def bandwidth(records: Sequence[dict], *, title: str | None = None, references: 
     """Bandwidth and latency against message size, one line per (op, world size).
 
     records: dicts with keys op, world_size, bytes, seconds (as returned by
-    ``parlab.torch.bandwidth.sweep``). Left: time per operation. Right: algorithm
+    ``parlab.torch.bandwidth.sweep``) and optionally impl (which implementation). Left: time per operation. Right: algorithm
     bandwidth (bytes / time), and bus bandwidth (x ``metrics.bus_factor``) dashed.
     references: draw vendors' peak figures for GPU links as horizontal lines.
     """
@@ -141,13 +141,13 @@ def bandwidth(records: Sequence[dict], *, title: str | None = None, references: 
     plt = _pyplot()
     fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(13, 4.8))
     groups: dict[tuple, list[dict]] = {}
-    for rec in records:
-        groups.setdefault((rec["op"], rec["world_size"]), []).append(rec)
-    for (op, n), recs in sorted(groups.items()):
+    for rec in records:  # "impl" tells two implementations of one operation apart
+        groups.setdefault((rec["op"], rec["world_size"], rec.get("impl", "")), []).append(rec)
+    for (op, n, impl), recs in sorted(groups.items()):
         recs = sorted(recs, key=lambda r: r["bytes"])
         size = [r["bytes"] for r in recs]
         secs = [r["seconds"] for r in recs]
-        label = f"{op}, {n} ranks"
+        label = f"{op}{f' ({impl})' if impl else ''}, {n} ranks"
         (line,) = ax_t.loglog(size, [s * 1e6 for s in secs], "o-", label=label)
         algbw = [b / s / 1e9 for b, s in zip(size, secs)]
         ax_b.loglog(size, algbw, "o-", color=line.get_color(), label=f"{label} (algorithm)")

@@ -75,7 +75,7 @@ class _SpanContext:
     def __exit__(self, *exc):
         rec = self.rec
         rec._raw.append((self.kind, self.name, self.start, rec.timer.mark(), self.nbytes,
-                         self.peer))
+                         self.peer, None))
         return False
 
 
@@ -113,9 +113,14 @@ class Recorder:
             raise ValueError(f"span kind must be one of {KINDS}, got {kind!r}")
         return _SpanContext(self, kind, name, bytes, peer)
 
-    def add(self, name: str, kind: str, start: float, end: float, bytes: int = 0, peer=None):
-        """Record an interval measured elsewhere (host-clock seconds on this rank)."""
-        self._raw.append((kind, name, ("host", start), ("host", end), int(bytes), peer))
+    def add(self, name: str, kind: str, start: float, end: float, bytes: int = 0, peer=None,
+            lane: int | None = None):
+        """Record an interval measured elsewhere (host-clock seconds on this rank).
+
+        lane: draw it on another lane than this rank's, e.g. for work a background
+        thread did while the rank's main thread went on (DDP's gradient all-reduce).
+        """
+        self._raw.append((kind, name, ("host", start), ("host", end), int(bytes), peer, lane))
 
     def _resolve(self, mark) -> float:
         if isinstance(mark, tuple):
@@ -125,9 +130,9 @@ class Recorder:
     def spans(self) -> list[Span]:
         """All spans recorded so far, resolved to seconds on the merged clock."""
         return [
-            Span(self.rank, kind, name, self._resolve(s) + self.offset,
+            Span(self.rank if lane is None else lane, kind, name, self._resolve(s) + self.offset,
                  self._resolve(e) + self.offset, nbytes, peer)
-            for kind, name, s, e, nbytes, peer in self._raw
+            for kind, name, s, e, nbytes, peer, lane in self._raw
         ]
 
     def timeline(self, labels: dict[int, str] | None = None) -> "Timeline":

@@ -116,3 +116,35 @@ def test_tf_lstm_stack_placed_on_logical_devices():
         print("OK")
     """)
     assert "OK" in out
+
+
+def test_tf_mirrored_strategy_step_equals_one_device():
+    out = _run("""
+        import parlab
+        devs = parlab.devices(2, framework="tf")
+        from parlab.tf import mirrored
+        eq = mirrored.one_step_equivalence(devs.names, global_batch=32)
+        assert eq["replicas"] == 2 and eq["rows per replica"] == [16, 16], eq
+        assert eq["max weight difference"] < 1e-5, eq
+        assert [d[-5:] for d in eq["copies of the first kernel"]] == ["CPU:0", "CPU:1"]
+        print("OK")
+    """)
+    assert "OK" in out
+
+
+def test_tf_multi_worker_mirrored_trains_identical_workers_and_leaves_none(no_leftover_ranks):
+    import numpy as np
+    import psutil
+
+    import parlab
+    from parlab.tf import mirrored  # the workers import TensorFlow in their own processes
+    ports = mirrored.free_ports(2)
+    out = parlab.launch(mirrored.multi_worker, 2, args=(ports, 10), process_group=False,
+                        timeout=180, env={"TF_CPP_MIN_LOG_LEVEL": "2"})
+    a, b = out.results
+    assert a["tf_config"]["task"]["index"] == 0 and b["tf_config"]["task"]["index"] == 1
+    assert a["tf_config"]["cluster"]["worker"] == [f"127.0.0.1:{p}" for p in ports]
+    assert all(np.array_equal(x, y) for x, y in zip(a["weights"], b["weights"]))
+    assert a["losses"][-1] < a["losses"][0]
+    assert not any(psutil.pid_exists(r["pid"]) and psutil.Process(r["pid"]).status() != psutil.STATUS_ZOMBIE
+                   for r in out.results)

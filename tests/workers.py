@@ -37,6 +37,7 @@ def sigkill_rank_0(rank, world_size):
 
 
 def recv_that_never_comes(rank, world_size):
+    comm.barrier()  # both ranks are up: what follows is the hang, not a slow start
     if rank == 0:
         comm.recv(torch.zeros(1), src=1)
     else:

@@ -7,6 +7,10 @@ from ..hardware import quiet_tensorflow
 
 quiet_tensorflow()
 
+import tensorflow as _tf  # noqa: E402
+
+_tf.get_logger().setLevel("ERROR")  # strategies log every all-reduce at INFO level
+
 from . import models  # noqa: E402
 
 __all__ = ["models"]

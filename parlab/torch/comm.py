@@ -11,12 +11,14 @@ links depends on the algorithm: see ``parlab.metrics.bus_factor``.
 """
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 
-from ..trace import COMM, span
+from ..trace import COMM, recorder, span
 
-__all__ = ["all_gather", "all_reduce", "barrier", "broadcast", "get_rank",
+__all__ = ["all_gather", "all_reduce", "all_reduce_async", "barrier", "broadcast", "get_rank",
            "get_world_size", "isend", "recv", "reduce_scatter", "send", "wait_all"]
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
@@ -82,6 +84,25 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum", *, group=None) -> torch.Te
         if op == "avg":
             tensor /= dist.get_world_size(group)
     return tensor
+
+
+def all_reduce_async(tensor: torch.Tensor, *, lane: int | None = None, group=None,
+                     name: str = "all_reduce (background)") -> torch.futures.Future:
+    """Start a sum all-reduce and return a future; the caller's thread goes on.
+
+    The span runs from the start to the completion of the operation and is recorded by
+    the future's callback, on ``lane`` (a lane of its own shows it overlapping the work
+    the rank does meanwhile). Host-clock times: exact on CPU; on a GPU the callback fires
+    once the collective's work has completed.
+    """
+    rec, start, size = recorder(), time.perf_counter(), nbytes(tensor)
+    work = dist.all_reduce(tensor, async_op=True, group=group)
+
+    def record(fut):
+        rec.add(name, COMM, start, time.perf_counter(), size, lane=lane)
+        return fut.value()
+
+    return work.get_future().then(record)
 
 
 def all_gather(tensor: torch.Tensor, *, group=None) -> list[torch.Tensor]:

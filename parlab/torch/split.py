@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from .. import data as datasets
-from ..splitting import SplitConfig, balance, check_bounds, imbalance, stage_costs  # noqa: F401
+from ..splitting import SplitConfig, balance, check_bounds
 from ..trace import span
 from . import comm, memory, models
 

@@ -1,0 +1,151 @@
+"""Lab 05 in TensorFlow: MirroredStrategy on one machine, MultiWorkerMirroredStrategy
+across processes configured by TF_CONFIG.
+
+Both keep one copy of every variable per replica (a MirroredVariable) and apply the same
+averaged update to all of them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import numpy as np
+
+
+def _loss_fn(keras):
+    # per-example losses, summed and divided by the GLOBAL batch: averaging over
+    # replicas then gives the mean over the whole batch
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+
+
+def one_step_equivalence(devices, global_batch: int = 64, lr: float = 0.1) -> dict:
+    """One custom-loop step under MirroredStrategy vs one step on one device, same weights."""
+    import keras
+    import tensorflow as tf
+
+    from .. import data as datasets
+    from . import models
+
+    x, y = next(datasets.batches(*datasets.digits("train"), global_batch, shuffle=False))
+    loss_fn = _loss_fn(keras)
+
+    single = models.mlp()
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(loss_fn(y, single(x)))
+    grads = tape.gradient(loss, single.trainable_variables)
+    for v, g in zip(single.trainable_variables, grads):
+        v.assign_sub(lr * g)
+
+    strategy = tf.distribute.MirroredStrategy(devices)
+    with strategy.scope():
+        model = models.mlp()
+        opt = keras.optimizers.SGD(lr)
+    dataset = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch))
+
+    @tf.function
+    def step(batch):
+        def replica(xb, yb):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(loss_fn(yb, model(xb))) / global_batch
+            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                    model.trainable_variables))
+            return tf.shape(xb)[0]
+        return strategy.run(replica, args=batch)
+
+    rows = step(next(iter(dataset)))
+    per_replica = [int(r) for r in strategy.experimental_local_results(rows)]
+    diff = max(float(np.abs(a.numpy() - b.numpy()).max())
+               for a, b in zip(model.trainable_variables, single.trainable_variables))
+    kernel = model.trainable_variables[0]
+    copies = [v.device for v in strategy.experimental_local_results(getattr(kernel, "value", kernel))]
+    return {"replicas": strategy.num_replicas_in_sync, "rows per replica": per_replica,
+            "max weight difference": diff, "copies of the first kernel": copies}
+
+
+def mirrored_fit(devices, epochs: int = 3, batch: int = 64) -> dict:
+    """Keras compile/fit under MirroredStrategy: the same call as on one device."""
+    import keras
+    import tensorflow as tf
+
+    from .. import data as datasets
+    from . import models
+
+    strategy = tf.distribute.MirroredStrategy(devices)
+    with strategy.scope():
+        model = models.mlp()
+        model.compile(keras.optimizers.Adam(1e-3),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+    x, y = datasets.digits("train")
+    xt, yt = datasets.digits("test")
+    hist = model.fit(x, y, epochs=epochs, batch_size=batch, validation_data=(xt, yt), verbose=2)
+    return hist.history
+
+
+def free_ports(n: int) -> list[int]:
+    """n ports on 127.0.0.1 that were free a moment ago (for TF_CONFIG)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def tf_config(ports, index: int) -> dict:
+    return {"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+            "task": {"type": "worker", "index": index}}
+
+
+def multi_worker(rank: int, world_size: int, ports, steps: int = 20, global_batch: int = 64,
+                 lr: float = 0.1) -> dict:
+    """Worker for ``parlab.launch(..., process_group=False)``: one TF worker per process.
+
+    Keras 3 ``fit`` fails under MultiWorkerMirroredStrategy in this TensorFlow, so this is
+    the custom loop: each worker computes on its half of every global batch, and the
+    optimizer all-reduces the gradients across workers before applying them.
+    """
+    config = tf_config(ports, rank)
+    os.environ["TF_CONFIG"] = json.dumps(config)  # must be set before the strategy starts
+    from ..hardware import quiet_tensorflow
+    quiet_tensorflow()
+    import keras
+    import tensorflow as tf
+
+    from .. import data as datasets
+    from . import models
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        model = models.mlp()
+        opt = keras.optimizers.SGD(lr)
+    loss_fn = _loss_fn(keras)
+    x, y = datasets.digits("train")
+    xt, yt = datasets.digits("test")
+    shard = global_batch // world_size
+
+    @tf.function
+    def step(xb, yb):
+        def replica(xr, yr):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(loss_fn(yr, model(xr))) / global_batch
+            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                    model.trainable_variables))
+            return loss
+        return strategy.run(replica, args=(xb, yb))
+
+    batches = datasets.endless_batches(x, y, global_batch)
+    losses = []
+    for _ in range(steps):
+        xb, yb = next(batches)
+        part = slice(rank * shard, (rank + 1) * shard)  # this worker's slice
+        losses.append(float(step(tf.constant(xb[part]), tf.constant(yb[part]))))
+    accuracy = float((np.argmax(model(xt).numpy(), 1) == yt).mean())
+    return {"tf_config": config, "pid": os.getpid(), "losses": losses, "test_accuracy": accuracy,
+            "weights": [v.numpy() for v in model.trainable_variables]}

@@ -1,0 +1,63 @@
+"""Data parallelism: every way of averaging equals one device on the whole batch."""
+import numpy as np
+import pytest
+
+import parlab
+from parlab.torch import data_parallel as dp
+
+TOL = 1e-5
+
+
+@pytest.mark.parametrize("mode,world_size", [("by_hand", 2), ("by_hand", 4), ("ddp", 2), ("ddp", 4),
+                                             ("ring", 3)])
+def test_data_parallel_equals_one_device_on_the_global_batch(mode, world_size, no_leftover_ranks):
+    steps, batch = 4, 96
+    ref = dp.train_single(global_batch=batch, steps=steps)
+    out = parlab.launch(dp.train_data_parallel, world_size, args=(mode, "mlp", batch, steps, 0.1, 0.1))
+    for k, v in ref["state"].items():
+        np.testing.assert_allclose(out.results[0]["state"][k], v, atol=TOL, err_msg=k)
+    for r in out.results[1:]:  # replicas stay identical, bit for bit
+        for k in ref["state"]:
+            np.testing.assert_array_equal(r["state"][k], out.results[0]["state"][k])
+    if mode == "ddp":
+        assert out.results[0]["buckets_per_step"] >= 2          # 0.1 MB buckets: several
+        lanes = {s.rank for s in out.timeline if "bucket" in s.name}
+        assert lanes == set(range(world_size, 2 * world_size))  # drawn on background lanes
+
+
+def test_fp16_compression_halves_the_bytes_and_stays_close(no_leftover_ranks):
+    ref = dp.train_single(global_batch=64, steps=3)
+    runs = {m: parlab.launch(dp.train_data_parallel, 2, args=(m, "mlp", 64, 3, 0.1, 0.1)) for m in ("ddp", "ddp_fp16")}
+    sent = {m: sum(s.bytes for s in r.timeline if s.rank == 2) for m, r in runs.items()}
+    assert sent["ddp_fp16"] * 2 == sent["ddp"]
+    drift = max(float(np.abs(runs["ddp_fp16"].results[0]["state"][k] - ref["state"][k]).max()) for k in ref["state"])
+    assert 0 < drift < 1e-3
+
+
+@pytest.mark.parametrize("world_size,numel", [(2, 8), (3, 7), (4, 5)])
+def test_the_ring_all_reduce_equals_the_sum(world_size, numel, no_leftover_ranks):
+    out = parlab.launch(dp.ring_demo, world_size, args=(numel,)).results
+    expected = sum(np.arange(numel, dtype=np.float32) + 100 * r for r in range(world_size))
+    for r in out:
+        np.testing.assert_array_equal(r["result"], expected)
+    log = out[0]["log"]
+    assert len(log) == 2 * (world_size - 1)          # n-1 reduce-scatter + n-1 all-gather steps
+    assert {e["to"] for e in log} == {1}             # always to the right neighbour
+
+
+def test_bad_global_batches_are_refused(no_leftover_ranks):
+    with pytest.raises(parlab.WorkerError, match="global batch of 100 does not split over 3"):
+        parlab.launch(dp.train_data_parallel, 3, args=("by_hand", "mlp", 100, 1), timeout=60)
+
+
+def _sum_without_dividing(model):
+    from parlab.torch import comm
+    for p in model.parameters():
+        comm.all_reduce(p.grad)
+
+
+def test_the_gradient_averaging_exercise_check(capsys, no_leftover_ranks):
+    assert dp.check_average_gradients(dp.average_gradients) is dp.average_gradients
+    assert "correct" in capsys.readouterr().out
+    assert dp.check_average_gradients(_sum_without_dividing) is dp.average_gradients
+    assert "about 2x the right one" in capsys.readouterr().out
