@@ -138,9 +138,10 @@ def test_twenty_launches_leak_no_process_thread_or_file(no_leftover_ranks):
     assert me.num_threads() <= threads + 1, (threads, me.num_threads())
 
 
-def test_keyboard_interrupt_stops_every_rank(tmp_path):
+def _start_sleeping_ranks(tmp_path, main_body: str):
+    """A script whose two ranks write their pids and sleep; wait until both are up."""
     pids = tmp_path / "pids"
-    script = tmp_path / "interrupted.py"
+    script = tmp_path / "script.py"
     script.write_text(textwrap.dedent(f"""
         import os, sys, time
         import parlab
@@ -151,57 +152,48 @@ def test_keyboard_interrupt_stops_every_rank(tmp_path):
             time.sleep(600)
 
         if __name__ == "__main__":
-            try:
-                parlab.launch(worker, 2, process_group=False, timeout=300)
-            except KeyboardInterrupt:
-                print("INTERRUPTED", flush=True)
-                sys.exit(0)
-    """))
+    """) + textwrap.indent(textwrap.dedent(main_body), " " * 4))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
                             cwd=tmp_path)
     deadline = time.time() + 60
     while time.time() < deadline and len(_lines(pids)) < 2:
         time.sleep(0.1)
     assert len(_lines(pids)) == 2, "ranks did not start"
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=30)
-    assert "INTERRUPTED" in out
-    for pid in _lines(pids):
-        assert not psutil.pid_exists(int(pid)) or psutil.Process(int(pid)).status() == psutil.STATUS_ZOMBIE
+    return proc, [int(p) for p in _lines(pids)]
 
 
 def _lines(path):
     return path.read_text().split() if path.exists() else []
 
 
-def test_ranks_exit_when_the_launching_process_is_killed(tmp_path):
-    pids = tmp_path / "pids"
-    script = tmp_path / "orphaning.py"
-    script.write_text(textwrap.dedent(f"""
-        import os, time
-        import parlab
+def _running(pids):
+    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
-        def worker(rank, world_size):
-            with open({str(pids)!r}, "a") as fh:
-                fh.write(f"{{os.getpid()}}\\n")
-            time.sleep(600)
 
-        if __name__ == "__main__":
+def test_keyboard_interrupt_stops_every_rank(tmp_path):
+    proc, pids = _start_sleeping_ranks(tmp_path, """
+        try:
             parlab.launch(worker, 2, process_group=False, timeout=300)
-    """))
-    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path)
-    deadline = time.time() + 60
-    while time.time() < deadline and len(_lines(pids)) < 2:
-        time.sleep(0.1)
+        except KeyboardInterrupt:
+            print("INTERRUPTED", flush=True)
+            sys.exit(0)
+    """)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert "INTERRUPTED" in out
+    assert not _running(pids)
+
+
+def test_ranks_exit_when_the_launching_process_is_killed(tmp_path):
+    proc, pids = _start_sleeping_ranks(tmp_path, """
+        parlab.launch(worker, 2, process_group=False, timeout=300)
+    """)
     proc.kill()  # like a notebook kernel that is killed or restarted
     proc.wait()
     deadline = time.time() + 10
-    alive = [int(p) for p in _lines(pids)]
-    while alive and time.time() < deadline:
-        alive = [p for p in alive if psutil.pid_exists(p)
-                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    while _running(pids) and time.time() < deadline:
         time.sleep(0.2)
-    assert not alive, f"orphaned ranks still running: {alive}"
+    assert not _running(pids), f"orphaned ranks still running: {_running(pids)}"
 
 
 def test_rank_output_is_prefixed(capfd):

@@ -15,6 +15,18 @@ def _loss():
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
+def compiled_step(model, opt, loss_fn):
+    """One training step traced into a graph (tf.function), as production loops do."""
+    @tf.function
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+    return step
+
+
 def accuracy(model, x, y) -> float:
     return float((np.argmax(model(x, training=False).numpy(), axis=1) == y).mean())
 
@@ -24,16 +36,7 @@ def train_custom(model, x, y, *, epochs: int = 5, batch_size: int = 64, lr: floa
     """The custom training loop: forward under a GradientTape, gradients, apply (Adam)."""
     from tqdm.auto import tqdm
 
-    opt = keras.optimizers.Adam(lr)
-    loss_fn = _loss()
-
-    @tf.function  # one graph per step: what production TensorFlow loops do
-    def step(xb, yb):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(yb, model(xb, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
+    step = compiled_step(model, keras.optimizers.Adam(lr), _loss())
 
     history = {"loss": [], "test_accuracy": []}
     bar = tqdm(total=epochs * (len(y) // batch_size), desc="training (GradientTape)",
@@ -103,15 +106,7 @@ def throughput(make_model, x, y, batch_sizes, *, steps: int = 10) -> list[dict]:
     """Samples per second of a compiled (tf.function) training step per batch size."""
     out = []
     for bs in batch_sizes:
-        model, opt, loss_fn = make_model(), keras.optimizers.Adam(1e-3), _loss()
-
-        @tf.function
-        def step(xb, yb):
-            with tf.GradientTape() as tape:
-                loss = loss_fn(yb, model(xb, training=True))
-            grads = tape.gradient(loss, model.trainable_variables)
-            opt.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
+        step = compiled_step(make_model(), keras.optimizers.Adam(1e-3), _loss())
 
         xb, yb = tf.constant(x[:bs]), tf.constant(y[:bs])
         times = []

@@ -223,28 +223,12 @@ def train_sliced(rank: int, world_size: int, sizes=(64, 256, 256, 128, 10), sche
 
 def dense_reference(sizes=(64, 256, 256, 128, 10), batch_size: int = 64, steps: int = 5,
                     lr: float = 0.05, seed: int = 0) -> dict:
-    """The same training on one device, for the equivalence checks."""
-    from .. import data as datasets
-    torch.manual_seed(seed)
-    model = models.mlp(sizes)
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    loss_fn = nn.CrossEntropyLoss()
-    x, y = datasets.digits("train")
-    batches = datasets.endless_batches(x, y, batch_size)
-    out = {"losses": []}
-    for step in range(steps):
-        xb, yb = next(batches)
-        opt.zero_grad()
-        logits = model(torch.as_tensor(xb))
-        loss = loss_fn(logits, torch.as_tensor(yb))
-        loss.backward()
-        if step == 0:
-            out["first_logits"] = logits.detach().numpy().copy()
-            out["first_grads"] = {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
-        opt.step()
-        out["losses"].append(loss.item())
-    out["state"] = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
-    return out
+    """The same training on one device, for the equivalence checks (lab 02's reference:
+    the same seed, data order and plain SGD)."""
+    from ..splitting import SplitConfig
+    from .split import train_reference
+    return train_reference(SplitConfig(sizes=tuple(sizes), batch_size=batch_size, steps=steps,
+                                       lr=lr, optimizer="sgd", seed=seed))
 
 
 def dense_slice(name: str, value, sliced_layer_kind: str, rank: int, world_size: int):
