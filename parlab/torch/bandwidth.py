@@ -8,9 +8,8 @@ from __future__ import annotations
 import time
 
 import torch
-import torch.distributed as dist
 
-from . import comm
+from . import comm, runtime
 
 OPS = ("send_recv", "all_reduce", "all_gather", "broadcast")
 
@@ -72,8 +71,7 @@ def sweep(rank: int, world_size: int, sizes=None, ops=("send_recv", "all_reduce"
     """
     if "send_recv" in ops and world_size < 2:
         raise ValueError("send_recv needs at least 2 ranks")
-    device = (torch.device("cuda", torch.cuda.current_device())
-              if dist.get_backend() == "nccl" else torch.device("cpu"))
+    device = runtime.rank_device()
     records = []
     for op in ops:
         for nbytes in sizes or default_sizes():

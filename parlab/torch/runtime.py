@@ -85,6 +85,10 @@ def init_rank(rank: int, world_size: int, *, backend: str, device_kind: str,
     if device_kind == "cuda":
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
     timeout = timedelta(seconds=timeout_s)
+    if backend == "nccl":
+        # NCCL carries only CUDA tensors; a worker that keeps some tensors on the CPU
+        # (most of the course's do, to run anywhere) sends those through gloo.
+        backend = "cpu:gloo,cuda:nccl"
     if master_port is not None:
         store = dist.TCPStore(master_addr or "127.0.0.1", master_port, world_size,
                               is_master=False, timeout=timeout)
@@ -99,10 +103,20 @@ def init_rank(rank: int, world_size: int, *, backend: str, device_kind: str,
     align_clocks()
 
 
-def _comm_device() -> torch.device:
-    if dist.get_backend() == "nccl":
+def uses_gpus() -> bool:
+    """True when this rank's process group moves CUDA tensors with NCCL."""
+    return "nccl" in str(dist.get_backend()) and torch.cuda.is_available()
+
+
+def rank_device() -> torch.device:
+    """The device this rank computes on: its GPU under NCCL, else the CPU."""
+    if uses_gpus():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def _comm_device() -> torch.device:
+    return rank_device()
 
 
 def align_clocks(force_estimate: bool = False) -> float:
@@ -171,7 +185,7 @@ def finalize() -> None:
     """
     gc.collect()
     if dist.is_initialized():
-        if dist.get_backend() == "nccl":
+        if uses_gpus():
             torch.cuda.synchronize()
         dist.destroy_process_group()
 

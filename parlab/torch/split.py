@@ -18,7 +18,7 @@ from torch import nn
 from .. import data as datasets
 from ..splitting import SplitConfig, balance, check_bounds
 from ..trace import span
-from . import comm, memory, models
+from . import comm, memory, models, runtime
 
 def param_costs(model: nn.Sequential) -> list[int]:
     return [sum(p.numel() for p in m.parameters()) for m in model]
@@ -134,8 +134,7 @@ def train_split(rank: int, world_size: int, cfg: SplitConfig) -> dict:
     bounds = check_bounds(cfg.bounds, len(model), world_size)
     edges = [0, *bounds, len(model)]
     first, last = rank == 0, rank == world_size - 1
-    device = (torch.device("cuda", torch.cuda.current_device())
-              if torch.distributed.get_backend() == "nccl" else torch.device("cpu"))
+    device = runtime.rank_device()
     # Shapes at every boundary, from a dry run of the whole model (cheap, and every rank
     # can allocate its receive buffers without asking).
     with torch.no_grad():

@@ -275,7 +275,7 @@ def library_sliced_step(rank: int, world_size: int, sizes=(64, 256, 256, 128, 10
     for k in range(0, len(linear_at) - 1, 2):
         plan[str(linear_at[k])] = ColwiseParallel()
         plan[str(linear_at[k + 1])] = RowwiseParallel()
-    mesh = init_device_mesh("cuda" if dist.get_backend() == "nccl" else "cpu", (world_size,))
+    mesh = init_device_mesh("cpu", (world_size,))  # the model and data here stay on the CPU
     model = parallelize_module(model, mesh, plan)
     x, y = datasets.digits("train")
     xb, yb = next(datasets.batches(x, y, batch_size, shuffle=False))
