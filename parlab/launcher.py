@@ -146,8 +146,8 @@ def _framework_env(threads: int, devs: DeviceSet) -> dict:
     env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "MASTER_ADDR": "127.0.0.1"}
     lo = loopback_interface()
-    if lo and devs.backend == "gloo":
-        env["GLOO_SOCKET_IFNAME"] = lo  # gloo listens on loopback only, never the LAN
+    if lo:  # all ranks are on this host: gloo (also used beside NCCL) listens on loopback only
+        env["GLOO_SOCKET_IFNAME"] = lo
     return env
 
 
