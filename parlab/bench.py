@@ -262,3 +262,31 @@ def data_parallel_bench(quick: bool = False) -> list[str]:
         lines.append(f"ring all-reduce by hand on {n} ranks, 1-16 MB: bandwidth over the library's "
                      f"{ratio:.2f} (per size: {', '.join(f'{r:.2f}' for r in ratios)}){target}")
     return lines
+
+
+# --------------------------------------------------------------------------- lab 06
+@benchmark("parameter_server")
+def parameter_server_bench(quick: bool = False) -> list[str]:
+    """One worker of two computes 3x slower (emulated): async vs sync throughput."""
+    import numpy as np
+
+    from parlab.launcher import launch
+    from parlab.torch import parameter_server as ps
+
+    lines = []
+    for model, lr, steps in (("cnn", 0.2, 50 if quick else 100), ("conv_stack", 0.05, 15 if quick else 30)):
+        speed, stale = {}, {}
+        for mode in ("sync", "async"):
+            res = launch(ps.train_parameter_server, 3, args=(mode, 1, model, 64, steps, lr, {2: 3}))
+            speed[mode] = ps.throughput(res.results, 64)
+            applied = res.results[0]["applied"]
+            stale[mode] = {w: float(np.mean([a["staleness"] for a in applied if a["worker"] == w]))
+                           for w in (1, 2)}
+            stale[mode]["all"] = float(np.mean([a["staleness"] for a in applied]))
+        a = stale["async"]
+        lines.append(f"{model}, 1 server + 2 workers, worker rank 2 slowed 3x (emulated): "
+                     f"sync {speed['sync']:,.0f}, async {speed['async']:,.0f} samples/s: "
+                     f"async/sync = {speed['async'] / speed['sync']:.2f}x (2.00x if communication were free)")
+        lines.append(f"{model}: mean staleness async {a['all']:.2f} updates (fast worker "
+                     f"{a[1]:.2f}, slow worker {a[2]:.2f}); sync {stale['sync']['all']:.2f}")
+    return lines

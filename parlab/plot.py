@@ -31,7 +31,8 @@ PHASE_COLORS = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf"
 
 
 def timeline(tl: Timeline, *, title: str | None = None, ax=None, names: bool = True,
-             unit: str = "ms", predicted: bool = False, color_by: str = "kind"):
+             unit: str = "ms", predicted: bool = False, color_by: str = "kind",
+             order: Sequence[str] = ()):
     """Draw one lane per device; bars coloured by kind, idle time in light grey.
 
     names: write span names on bars wide enough to hold them.
@@ -39,6 +40,8 @@ def timeline(tl: Timeline, *, title: str | None = None, ax=None, names: bool = T
     color_by: "kind" (compute / communication / wait) or "name" (one colour per span
         name: forward, backward, ...; trailing digits are ignored, so F0, F1, ... share
         a colour; communication stays orange).
+    order: with color_by="name", compute names to colour first, in this order, so that
+        several figures give each name the same colour.
     """
     if color_by not in ("kind", "name"):
         raise ValueError(f"color_by must be 'kind' or 'name', got {color_by!r}")
@@ -55,7 +58,8 @@ def timeline(tl: Timeline, *, title: str | None = None, ax=None, names: bool = T
         return name.rstrip("0123456789") or name
 
     if color_by == "name":
-        compute_names = list(dict.fromkeys(phase(s.name) for s in tl.spans if s.kind == COMPUTE))
+        compute_names = list(dict.fromkeys([*order, *(phase(s.name) for s in tl.spans
+                                                      if s.kind == COMPUTE)]))
         colors = {n: PHASE_COLORS[i % len(PHASE_COLORS)] for i, n in enumerate(compute_names)}
         colors.update({COMM: COLORS[COMM], WAIT: COLORS[WAIT], IDLE: COLORS[IDLE]})
 
@@ -271,5 +275,63 @@ def bars(values: dict, *, ylabel: str, title: str, highlight=None):
     ax.set_ylabel(ylabel, fontsize=FONT)
     ax.set_title(title, fontsize=FONT + 1)
     ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return _finish(fig)
+
+
+def curves(series: dict, *, xlabel: str, ylabel: str, title: str, smooth: int = 1,
+           logy: bool = False, points: bool = False):
+    """One line per entry of ``series`` ({label: (x values, y values)}).
+
+    smooth: a running mean over that many points, for noisy per-batch losses (the raw
+    points are drawn faintly behind when ``points``).
+    """
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for i, (label, (x, y)) in enumerate(series.items()):
+        x, y = np.asarray(x, float), np.asarray(y, float)
+        color = PHASE_COLORS[i % len(PHASE_COLORS)]
+        if points:
+            ax.plot(x, y, ".", color=color, alpha=0.25, ms=4)
+        if smooth > 1 and len(y) >= smooth:
+            y = np.convolve(y, np.ones(smooth) / smooth, mode="valid")
+            x = x[smooth - 1:]
+        ax.plot(x, y, "-", color=color, lw=2, label=label)
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel, fontsize=FONT)
+    ax.set_ylabel(ylabel, fontsize=FONT)
+    ax.set_title(title, fontsize=FONT + 1)
+    ax.legend(fontsize=FONT - 2)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _finish(fig)
+
+
+def staleness(records: Sequence[dict], *, title: str | None = None, labels: dict | None = None):
+    """Staleness of every applied gradient: over time per worker, and its histogram.
+
+    records: dicts with "time", "worker" and "staleness" (a parameter server's log).
+    """
+    plt = _pyplot()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [2, 1]})
+    workers = sorted({r["worker"] for r in records})
+    top = max((r["staleness"] for r in records), default=0)
+    for i, w in enumerate(workers):
+        mine = [r for r in records if r["worker"] == w]
+        name = (labels or {}).get(w, f"worker rank {w}")
+        color = PHASE_COLORS[i % len(PHASE_COLORS)]
+        a.plot([r["time"] for r in mine], [r["staleness"] for r in mine], "o", ms=4,
+               color=color, alpha=0.7, label=name)
+        b.hist([r["staleness"] for r in mine], bins=np.arange(top + 2) - 0.5, alpha=0.6,
+               color=color, label=name)
+    a.set_xlabel("time (s)", fontsize=FONT)
+    a.set_ylabel("staleness (updates)", fontsize=FONT)
+    b.set_xlabel("staleness (updates)", fontsize=FONT)
+    b.set_ylabel("gradients applied", fontsize=FONT)
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=FONT - 3)
+    fig.suptitle(title or "staleness of each applied gradient (measured)", fontsize=FONT + 1)
     fig.tight_layout()
     return _finish(fig)

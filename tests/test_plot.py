@@ -40,3 +40,23 @@ def test_utilization_bandwidth_and_scaling_draw():
     assert any("PCIe 4.0" in t for t in labels)
     plot.scaling([1, 2, 4], [1.0, 0.6, 0.4]).canvas.draw()
     assert plt.get_fignums() == []
+
+
+def test_name_colours_follow_the_given_order():
+    def legend(fig):
+        return [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    tl = Timeline([Span(0, COMPUTE, "backward", 0.0, 0.002), Span(0, COMPUTE, "forward", 0.002, 0.004)])
+    assert legend(plot.timeline(tl, color_by="name"))[:2] == ["backward", "forward"]
+    assert legend(plot.timeline(tl, color_by="name", order=("forward",)))[:2] == ["forward", "backward"]
+
+
+def test_curves_and_staleness_draw():
+    fig = plot.curves({"sync": ([0, 1, 2, 3], [2.0, 1.5, 1.2, 1.0]), "async": ([0, 1, 2], [2.0, 1.0, 0.5])},
+                      xlabel="s", ylabel="loss", title="t", smooth=2, points=True, logy=True)
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["sync", "async"]
+    smoothed = [line for line in fig.axes[0].lines if line.get_linestyle() == "-"]
+    assert [len(line.get_xdata()) for line in smoothed] == [3, 2]   # running mean of 2
+    records = [{"time": t * 0.1, "worker": 1 + t % 2, "staleness": t % 3} for t in range(12)]
+    fig = plot.staleness(records, labels={1: "fast", 2: "slow"})
+    fig.canvas.draw()
+    assert len(fig.axes) == 2 and plt.get_fignums() == []

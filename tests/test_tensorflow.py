@@ -148,3 +148,72 @@ def test_tf_multi_worker_mirrored_trains_identical_workers_and_leaves_none(no_le
     assert a["losses"][-1] < a["losses"][0]
     assert not any(psutil.pid_exists(r["pid"]) and psutil.Process(r["pid"]).status() != psutil.STATUS_ZOMBIE
                    for r in out.results)
+
+
+def test_central_storage_keeps_one_copy_and_equals_one_device():
+    out = _run("""
+        import parlab
+        devs = parlab.devices(3, framework="tf")
+        from parlab.tf import mirrored, parameter_server as tf_ps
+        strategy = tf_ps.central_storage(devs.names[1:], parameter_device=devs.names[0])
+        eq = mirrored.strategy_step_equivalence(strategy, global_batch=64)
+        assert eq["max weight difference"] < 1e-5, eq
+        assert eq["replicas"] == 2 and eq["rows per replica"] == [32, 32], eq
+        assert len(eq["copies of the first kernel"]) == 1, eq
+        assert eq["copies of the first kernel"][0].endswith("CPU:0"), eq
+        print("OK")
+    """)
+    assert "OK" in out
+
+
+def _spawned_alive(before: set) -> list:
+    """multiprocessing children started since ``before`` that are still running."""
+    import psutil
+    alive = []
+    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if (proc.info["pid"] not in before and "spawn_main" in cmd
+                and proc.info["status"] != psutil.STATUS_ZOMBIE):
+            alive.append(cmd)
+    return alive
+
+
+def test_parameter_server_strategy_in_process_cluster(no_leftover_ranks):
+    import psutil
+
+    from parlab.tf import parameter_server as tf_ps
+    report = tf_ps.run_cluster(num_workers=2, chunks=3, steps_per_chunk=20)
+    assert report["variable device"].startswith("/job:ps/")
+    assert all(a.startswith("127.0.0.1:") for kind in report["cluster"].values() for a in kind)
+    progress = report["progress"]
+    assert progress[-1]["steps run"] == 60 and progress[-1]["mean loss"] < progress[0]["mean loss"]
+    assert not psutil.pid_exists(report["coordinator pid"])
+
+
+def test_parameter_server_strategy_survives_a_dead_worker_and_cleans_up(no_leftover_ranks):
+    import psutil
+
+    from parlab.tf import parameter_server as tf_ps
+    before = set(psutil.pids())
+    report = tf_ps.run_cluster(num_workers=2, chunks=4, steps_per_chunk=20,
+                               workers_in_process=False, kill_worker=1, kill_after_chunk=1)
+    last = report["progress"][-1]
+    assert report["progress"][1]["worker killed here"] and last["workers alive"] == 1
+    assert last["steps run"] == last["steps scheduled"] == 80
+    assert last["mean loss"] < report["progress"][0]["mean loss"]
+    assert not [p for p in report["server pids"] + [report["coordinator pid"]] if psutil.pid_exists(p)]
+    assert not _spawned_alive(before)
+
+
+def test_a_failing_coordinator_takes_its_servers_down(no_leftover_ranks):
+    import psutil
+
+    import parlab
+    from parlab.tf import parameter_server as tf_ps
+    before = set(psutil.pids())
+    # lr is checked by Keras only after the worker processes are up
+    with pytest.raises(parlab.WorkerError, match="learning_rate"):
+        tf_ps.run_cluster(num_workers=2, chunks=1, workers_in_process=False, lr="fast")
+    assert not _spawned_alive(before)
+    with pytest.raises(ValueError, match="workers_in_process=False"):
+        tf_ps.cluster_training(0, 1, kill_worker=0)

@@ -21,6 +21,16 @@ def _loss_fn(keras):
 
 def one_step_equivalence(devices, global_batch: int = 64, lr: float = 0.1) -> dict:
     """One custom-loop step under MirroredStrategy vs one step on one device, same weights."""
+    import tensorflow as tf
+    return strategy_step_equivalence(tf.distribute.MirroredStrategy(devices), global_batch, lr)
+
+
+def strategy_step_equivalence(strategy, global_batch: int = 64, lr: float = 0.1) -> dict:
+    """One custom-loop step under ``strategy`` vs one step on one device, same weights.
+
+    Also reports where the first kernel's copies live: one per replica when mirrored,
+    a single one on the parameter device under central storage.
+    """
     import keras
     import tensorflow as tf
 
@@ -37,7 +47,6 @@ def one_step_equivalence(devices, global_batch: int = 64, lr: float = 0.1) -> di
     for v, g in zip(single.trainable_variables, grads):
         v.assign_sub(lr * g)
 
-    strategy = tf.distribute.MirroredStrategy(devices)
     with strategy.scope():
         model = models.mlp()
         opt = keras.optimizers.SGD(lr)
@@ -66,13 +75,17 @@ def one_step_equivalence(devices, global_batch: int = 64, lr: float = 0.1) -> di
 
 def mirrored_fit(devices, epochs: int = 3, batch: int = 64) -> dict:
     """Keras compile/fit under MirroredStrategy: the same call as on one device."""
-    import keras
     import tensorflow as tf
+    return strategy_fit(tf.distribute.MirroredStrategy(devices), epochs, batch)
+
+
+def strategy_fit(strategy, epochs: int = 3, batch: int = 64) -> dict:
+    """Keras compile/fit under ``strategy``: the same call as on one device."""
+    import keras
 
     from .. import data as datasets
     from . import models
 
-    strategy = tf.distribute.MirroredStrategy(devices)
     with strategy.scope():
         model = models.mlp()
         model.compile(keras.optimizers.Adam(1e-3),

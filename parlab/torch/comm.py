@@ -19,7 +19,7 @@ import torch.distributed as dist
 from ..trace import COMM, recorder, span
 
 __all__ = ["all_gather", "all_reduce", "all_reduce_async", "barrier", "broadcast", "get_rank",
-           "get_world_size", "isend", "recv", "reduce_scatter", "send", "wait_all"]
+           "get_world_size", "isend", "recv", "recv_any", "reduce_scatter", "send", "wait_all"]
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
         "product": dist.ReduceOp.PRODUCT}
@@ -46,19 +46,19 @@ def get_world_size(group=None) -> int:
     return dist.get_world_size(group)
 
 
-def send(tensor: torch.Tensor, dst: int, *, group=None, tag: int = 0) -> None:
-    with span("send", COMM, nbytes(tensor), peer=dst):
+def send(tensor: torch.Tensor, dst: int, *, group=None, tag: int = 0, name: str = "send") -> None:
+    with span(name, COMM, nbytes(tensor), peer=dst):
         dist.send(tensor, dst, group=group, tag=tag)
 
 
-def isend(tensor: torch.Tensor, dst: int, *, group=None, tag: int = 0):
+def isend(tensor: torch.Tensor, dst: int, *, group=None, tag: int = 0, name: str = "isend"):
     """Start sending ``tensor`` and return at once; finish with ``wait_all``.
 
     The span covers only posting the message: the transfer goes on in the background
     (and shows on the receiver's side). Keep ``tensor`` unchanged until it is waited for.
     Pipelines need this: two neighbours each blocking in a send to the other deadlock.
     """
-    with span("isend", COMM, nbytes(tensor), peer=dst):
+    with span(name, COMM, nbytes(tensor), peer=dst):
         return dist.isend(tensor, dst, group=group, tag=tag)
 
 
@@ -70,11 +70,26 @@ def wait_all(works) -> None:
                 work.wait()
 
 
-def recv(tensor: torch.Tensor, src: int, *, group=None, tag: int = 0) -> torch.Tensor:
+def recv(tensor: torch.Tensor, src: int, *, group=None, tag: int = 0,
+         name: str = "recv") -> torch.Tensor:
     """Receive into ``tensor`` from rank ``src``; the span includes waiting for the sender."""
-    with span("recv", COMM, nbytes(tensor), peer=src):
+    with span(name, COMM, nbytes(tensor), peer=src):
         dist.recv(tensor, src, group=group, tag=tag)
     return tensor
+
+
+def recv_any(tensor: torch.Tensor, *, group=None, tag: int = 0, name: str = "recv any") -> int:
+    """Receive into ``tensor`` from whichever rank sends first; return that rank.
+
+    An asynchronous parameter server needs this: it serves pushes in arrival order,
+    whoever they come from. The span (peer unknown until it ends) includes the waiting.
+    """
+    rec = recorder()
+    start = time.perf_counter()
+    sender = dist.recv(tensor, None, group=group, tag=tag)
+    if rec.enabled:
+        rec.add(name, COMM, start, time.perf_counter(), nbytes(tensor), peer=sender)
+    return sender
 
 
 def all_reduce(tensor: torch.Tensor, op: str = "sum", *, group=None) -> torch.Tensor:

@@ -99,7 +99,9 @@ def build(model: str = "mlp"):
         return models.mlp()
     if model == "conv_stack":
         return models.conv_stack(32)
-    raise ValueError(f"model must be 'mlp' or 'conv_stack', got {model!r}")
+    if model == "cnn":
+        return models.cnn()
+    raise ValueError(f"model must be 'mlp', 'cnn' or 'conv_stack', got {model!r}")
 
 
 def _batches(model: str, global_batch: int):

@@ -1,0 +1,212 @@
+"""Lab 06 in TensorFlow: central storage, and ParameterServerStrategy on a real cluster.
+
+* ``CentralStorageStrategy`` keeps ONE copy of every variable on a parameter device (the
+  CPU) while the replicas compute on the other devices; the replicas' gradients are
+  reduced where the variables live and applied there.
+* ``ParameterServerStrategy`` with a ``ClusterCoordinator``: a coordinator (this process)
+  places the variables on parameter-server tasks and schedules training steps on worker
+  tasks, each of which runs them asynchronously, as soon as it is free. Every task is a
+  ``tf.distribute.Server`` listening on 127.0.0.1.
+
+``cluster_training`` runs the whole cluster inside one process started by
+``parlab.launch`` (so the notebook's kernel never holds gRPC servers), and stops every
+process it started before returning, also when training fails.
+"""
+from __future__ import annotations
+
+import functools
+import multiprocessing
+import os
+import signal
+import time
+
+import numpy as np
+
+from .mirrored import free_ports
+
+HOST = "127.0.0.1"
+
+
+def central_storage(compute_devices, parameter_device: str):
+    import tensorflow as tf
+    return tf.distribute.experimental.CentralStorageStrategy(
+        compute_devices=list(compute_devices), parameter_device=parameter_device)
+
+
+# ------------------------------------------------------------------ the cluster
+def cluster_spec(num_workers: int, num_ps: int = 1) -> dict:
+    """Addresses for the tasks, all on 127.0.0.1, on ports that were free a moment ago."""
+    if num_workers < 1 or num_ps < 1:
+        raise ValueError(f"a parameter-server cluster needs at least one worker and one "
+                         f"server, got {num_workers} worker(s) and {num_ps} server(s)")
+    ports = free_ports(num_workers + num_ps)
+    return {"worker": [f"{HOST}:{p}" for p in ports[:num_workers]],
+            "ps": [f"{HOST}:{p}" for p in ports[num_workers:]]}
+
+
+def _server_config(tf, threads: int):
+    config = tf.compat.v1.ConfigProto()
+    # On 2 cores an in-process cluster deadlocks with TensorFlow's default inter-op
+    # pool (one thread per core): several servers' blocking RPC handlers then occupy
+    # every thread. Three or more per server keeps it moving.
+    config.inter_op_parallelism_threads = threads
+    return config
+
+
+def _serve_forever(spec: dict, job: str, index: int, threads: int) -> None:
+    """Body of a server process: start a tf.distribute.Server and wait to be stopped."""
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    from ..hardware import quiet_tensorflow
+    quiet_tensorflow()
+    import tensorflow as tf
+    server = tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=job, task_index=index,
+                                  protocol="grpc", config=_server_config(tf, threads), start=True)
+    server.join()
+
+
+def _wait_listening(spec: dict, procs, timeout: float = 60.0) -> None:
+    """Return once every task's port accepts connections; fail fast if a server died."""
+    import socket
+    pending = [a for addrs in spec.values() for a in addrs]
+    end = time.monotonic() + timeout
+    while pending:
+        for proc in procs:
+            if not proc.is_alive():
+                raise RuntimeError(f"a TensorFlow server process exited during start-up "
+                                   f"(exit code {proc.exitcode})")
+        host, port = pending[0].rsplit(":", 1)
+        try:
+            socket.create_connection((host, int(port)), timeout=0.2).close()
+            pending.pop(0)
+        except OSError:
+            if time.monotonic() > end:
+                raise TimeoutError(f"no TensorFlow server answered on {pending[0]} within "
+                                   f"{timeout:.0f} s") from None
+            time.sleep(0.1)
+
+
+def listening_addresses(pids) -> list[str]:
+    """The TCP addresses these processes listen on (to show they are 127.0.0.1 only)."""
+    import psutil
+    pids = set(pids)
+    return sorted({f"{c.laddr.ip}:{c.laddr.port}" for c in psutil.net_connections("tcp")
+                   if c.status == psutil.CONN_LISTEN and c.pid in pids})
+
+
+def cluster_training(rank: int, world_size: int, num_workers: int = 2, chunks: int = 8,
+                     steps_per_chunk: int = 25, batch: int = 32, lr: float = 0.05,
+                     workers_in_process: bool = True, kill_worker: int | None = None,
+                     kill_after_chunk: int = 2, threads: int = 4) -> dict:
+    """Body for ``parlab.launch(cluster_training, 1, process_group=False)``.
+
+    Starts one parameter server and ``num_workers`` workers on 127.0.0.1, trains the
+    course's MLP with a custom step scheduled through a ``ClusterCoordinator``, and
+    reports the loss after each chunk of steps.
+
+    workers_in_process: True runs every server inside this process (an in-process
+    cluster, fast to start); False gives each worker a process of its own, which is what
+    lets ``kill_worker`` (a worker index) really die, by SIGKILL, right after chunk
+    ``kill_after_chunk`` is scheduled. The parameter server always lives in this process.
+    """
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    from ..hardware import quiet_tensorflow
+    quiet_tensorflow()
+    if kill_worker is not None and workers_in_process:
+        raise ValueError("only a worker with a process of its own can be killed: "
+                         "pass workers_in_process=False")
+    if kill_worker is not None and not 0 <= kill_worker < num_workers:
+        raise ValueError(f"kill_worker={kill_worker}: there are workers 0..{num_workers - 1}")
+    spec = cluster_spec(num_workers)
+    procs = []
+    started = time.perf_counter()
+    try:
+        if not workers_in_process:
+            ctx = multiprocessing.get_context("spawn")
+            procs = [ctx.Process(target=_serve_forever, args=(spec, "worker", i, threads),
+                                 daemon=True) for i in range(num_workers)]
+            for proc in procs:
+                proc.start()
+        import keras
+        import tensorflow as tf
+
+        from .. import data as datasets
+        from . import models
+        config = _server_config(tf, threads)
+        cluster = tf.train.ClusterSpec(spec)
+        servers = [tf.distribute.Server(cluster, job_name="ps", task_index=0, protocol="grpc",
+                                        config=config, start=True)]
+        if workers_in_process:
+            servers += [tf.distribute.Server(cluster, job_name="worker", task_index=i,
+                                             protocol="grpc", config=config, start=True)
+                        for i in range(num_workers)]
+        _wait_listening(spec, procs)
+        addresses = listening_addresses([os.getpid()] + [p.pid for p in procs])
+        startup_s = time.perf_counter() - started
+
+        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(cluster, rpc_layer="grpc")
+        strategy = tf.distribute.ParameterServerStrategy(resolver)
+        coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+        x, y = datasets.digits("train")
+        xt, yt = datasets.digits("test")
+        with strategy.scope():
+            model = models.mlp()
+            opt = keras.optimizers.SGD(lr)
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+        def dataset_fn():
+            # each worker builds its own copy: a differently shuffled endless stream
+            return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(y)).repeat().batch(batch)
+
+        iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+
+        @tf.function
+        def step(it):
+            def replica(xb, yb):
+                with tf.GradientTape() as tape:
+                    loss = loss_fn(yb, model(xb))
+                opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                        model.trainable_variables))
+                return loss
+            return strategy.run(replica, args=next(it))
+
+        progress, t0, ran = [], time.perf_counter(), 0
+        for chunk in range(chunks):
+            futures = [coordinator.schedule(step, args=(iterator,)) for _ in range(steps_per_chunk)]
+            killed = kill_worker is not None and chunk == kill_after_chunk
+            if killed:
+                time.sleep(0.05)                            # let the chunk get going
+                os.kill(procs[kill_worker].pid, signal.SIGKILL)
+            coordinator.join()                              # wait for every scheduled step
+            losses = [f.fetch() for f in futures]           # raises if a step was lost
+            ran += len(losses)
+            progress.append({"chunk": chunk, "time": time.perf_counter() - t0,
+                             "steps scheduled": (chunk + 1) * steps_per_chunk,
+                             "steps run": ran,
+                             "mean loss": float(np.mean(losses)),
+                             "worker killed here": killed,
+                             "workers alive": (num_workers if workers_in_process
+                                               else sum(p.is_alive() for p in procs))})
+        kernel = model.trainable_variables[0]
+        return {"cluster": spec, "listening": addresses, "startup_s": startup_s,
+                "progress": progress,
+                "test_accuracy": float((np.argmax(model(xt).numpy(), 1) == yt).mean()),
+                "variable device": getattr(kernel, "value", kernel).device,
+                "server pids": [p.pid for p in procs], "coordinator pid": os.getpid()}
+    finally:
+        for proc in procs:           # a server never returns by itself: stop it
+            if proc.is_alive():
+                proc.kill()
+        for proc in procs:
+            proc.join(10)
+
+
+def run_cluster(timeout: float = 180.0, **options) -> dict:
+    """Run ``cluster_training(**options)`` in a fresh process; return its report.
+
+    The process (and every server it started) is gone when this returns, whether
+    training succeeded or not.
+    """
+    from ..launcher import launch
+    result = launch(functools.partial(cluster_training, **options), 1, process_group=False,
+                    timeout=timeout, env={"TF_CPP_MIN_LOG_LEVEL": "2"})
+    return result.results[0]

@@ -1,0 +1,379 @@
+"""Lab 06: parameters that live outside the workers.
+
+A **parameter server** holds the model's parameters (or a shard of them) and updates
+them; **workers** hold no state of their own between steps: each pulls the current
+parameters, computes a gradient on its own data and pushes it back. Ranks
+``0 .. num_servers - 1`` are servers, the rest are workers; the flat parameter vector
+is cut into ``num_servers`` contiguous shards, one per server, and a worker talks to
+every server (pull all shards, push each shard's gradient to its server).
+
+Two ways for a server to treat the pushes:
+
+* ``"sync"``: wait for one gradient from every worker, apply their average, then send
+  the new parameters to all. Exactly synchronous data parallelism with a central
+  reducer, so the slowest worker sets the pace.
+* ``"async"``: apply each gradient the moment it arrives and send the pusher fresh
+  parameters. Nobody waits for anybody, but a gradient may have been computed on
+  parameters that other pushes have changed since: its **staleness** is how many
+  updates the server applied between the worker's pull and its push.
+
+Messages are flat float32 tensors with a small trailer, so that one ``send`` carries a
+whole push or reply (see ``_PUSH_*`` and ``_REPLY_*``).
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..trace import recorder, span
+from . import comm
+from .data_parallel import _batches, build
+
+MODES = ("sync", "async")
+
+# A push is [gradient shard..., kind, loss]; a reply is [parameter shard..., version, stop].
+_PUSH_GRADIENT, _PUSH_LEAVING = 0.0, 1.0
+_PUSH_TRAILER = 2
+_REPLY_TRAILER = 2
+
+
+# ------------------------------------------------------------------ roles and shards
+def roles(world_size: int, num_servers: int) -> tuple[list[int], list[int]]:
+    """(server ranks, worker ranks) for a launch of ``world_size`` processes."""
+    if not isinstance(num_servers, int) or num_servers < 1:
+        raise ValueError(f"num_servers must be a whole number >= 1, got {num_servers!r}")
+    if world_size - num_servers < 1:
+        raise ValueError(
+            f"{world_size} processes leave no worker beside {num_servers} server(s): launch "
+            f"at least {num_servers + 1} processes, or use fewer servers")
+    return list(range(num_servers)), list(range(num_servers, world_size))
+
+
+def shard_bounds(numel: int, num_servers: int) -> list[tuple[int, int]]:
+    """Contiguous [start, stop) pieces of a flat vector, sizes differing by at most one."""
+    if num_servers > numel:
+        raise ValueError(f"cannot cut {numel} parameters into {num_servers} non-empty shards")
+    base, extra = divmod(numel, num_servers)
+    bounds, start = [], 0
+    for s in range(num_servers):
+        stop = start + base + (s < extra)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def flat_parameters(model: nn.Module) -> torch.Tensor:
+    return torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+
+
+def flat_gradients(model: nn.Module) -> torch.Tensor:
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+
+
+def load_flat(model: nn.Module, flat: torch.Tensor) -> None:
+    torch.nn.utils.vector_to_parameters(flat, model.parameters())
+
+
+# ------------------------------------------------------------------ update rules
+def sgd_update(shard: torch.Tensor, grad: torch.Tensor, lr: float, staleness: int) -> None:
+    """The server's rule for one asynchronous push: plain SGD, in place.
+
+    ``staleness`` is how many updates landed since the pusher read these parameters;
+    plain SGD ignores it (a staleness-aware rule could scale ``lr`` down with it).
+    """
+    shard.sub_(grad, alpha=lr)
+
+
+def _now() -> float:
+    """Host seconds on the merged clock of the run (the timeline's clock)."""
+    return time.perf_counter() + recorder().offset
+
+
+# ------------------------------------------------------------------ server
+def _serve(rank: int, workers: list[int], mode: str, shard: torch.Tensor, total: int,
+           lr: float, update: Callable) -> dict:
+    """Serve one shard until every worker has left; return what happened to it.
+
+    total: sync: the number of steps; async: stop the workers once this many gradients
+    have been applied (only server 0 decides, so that all workers stop at one signal).
+    """
+    numel = shard.numel()
+    reply = torch.empty(numel + _REPLY_TRAILER)
+    push = torch.empty(numel + _PUSH_TRAILER)
+    version = 0
+    read_version = {}                   # the version each worker last pulled
+    applied: list[dict] = []            # one record per gradient applied
+
+    def send_params(worker: int, stop: bool) -> None:
+        reply[:numel] = shard
+        reply[numel], reply[numel + 1] = version, float(stop)
+        read_version[worker] = version
+        comm.send(reply, worker, name="send params")
+
+    def record(worker: int, staleness: int) -> None:
+        applied.append({"time": _now(), "worker": worker, "staleness": staleness,
+                        "loss": float(push[numel + 1]), "version": version})
+
+    start = _now()
+    for w in workers:
+        send_params(w, stop=total == 0)
+    if mode == "sync":
+        grad_sum = torch.zeros(numel)
+        for step in range(total):
+            grad_sum.zero_()
+            for w in workers:               # in rank order: the same sum on every run
+                comm.recv(push, w, name="wait for push")
+                with span("sum gradients"):
+                    grad_sum += push[:numel]
+                record(w, version - read_version[w])
+            with span("apply update"):
+                shard.sub_(grad_sum / len(workers), alpha=lr)
+            version += 1
+            for w in workers:
+                send_params(w, stop=step == total - 1)
+    left = 0 if mode == "async" else len(workers)
+    for w in workers if mode == "sync" else ():
+        comm.recv(push, w, name="wait for push")   # each worker's goodbye
+    while left < len(workers):
+        w = comm.recv_any(push, name="wait for push")
+        if push[numel] == _PUSH_LEAVING:
+            left += 1
+            continue
+        staleness = version - read_version[w]
+        with span("apply update"):
+            update(shard, push[:numel], lr, staleness)
+        version += 1
+        record(w, staleness)
+        send_params(w, stop=rank == 0 and len(applied) >= total)
+    return {"role": "server", "shard": shard.numpy().copy(), "applied": applied,
+            "updates": version, "start": start, "end": _now(), "listening": listening()}
+
+
+def listening() -> list[str]:
+    """The TCP addresses this process listens on (gloo's, pinned to the loopback)."""
+    import psutil
+    return sorted(f"{c.laddr.ip}:{c.laddr.port}" for c in psutil.Process().net_connections("tcp")
+                  if c.status == psutil.CONN_LISTEN)
+
+
+# ------------------------------------------------------------------ worker
+def _work(rank: int, servers: list[int], bounds, model: nn.Module, batches, rows: slice,
+          slowdown: float) -> dict:
+    """Pull, compute, push until server 0 says stop; then say goodbye to every server."""
+    numel = bounds[-1][1]
+    flat = torch.empty(numel)
+    replies = [torch.empty(b - a + _REPLY_TRAILER) for a, b in bounds]
+    pushes = [torch.empty(b - a + _PUSH_TRAILER) for a, b in bounds]
+    loss_fn = nn.CrossEntropyLoss()
+    steps: list[dict] = []
+    sends: list = []
+    while True:
+        for s, (a, b) in zip(servers, bounds):
+            comm.recv(replies[s], s, name="pull params")
+            flat[a:b] = replies[s][:b - a]
+        # The previous pushes are complete by now: a server replies only after receiving.
+        # Waiting for them BEFORE these receives could deadlock with several servers: a
+        # server blocked sending its reply to us while we wait for another server, itself
+        # blocked sending to a worker that waits on the first server.
+        comm.wait_all(sends)
+        if replies[0][-1] == 1.0:                        # server 0 says: stop
+            break
+        load_flat(model, flat)
+        xb, yb = next(batches)
+        x, y = torch.as_tensor(xb[rows]), torch.as_tensor(yb[rows])
+        t0 = time.perf_counter()
+        with span("forward"):
+            loss = loss_fn(model(x), y)
+        model.zero_grad(set_to_none=True)
+        with span("backward"):
+            loss.backward()
+        if slowdown > 1:
+            # Emulated slow device: idle for (slowdown - 1) times the real compute, so
+            # this rank computes `slowdown` times slower without taking a core from others.
+            with span("emulated slowdown"):
+                time.sleep((slowdown - 1) * (time.perf_counter() - t0))
+        grads = flat_gradients(model)
+        steps.append({"time": _now(), "loss": loss.item(),
+                      "read_version": int(replies[0][-2])})
+        sends = []
+        for s, (a, b) in zip(servers, bounds):
+            pushes[s][:b - a] = grads[a:b]
+            pushes[s][-2], pushes[s][-1] = _PUSH_GRADIENT, loss.item()
+            sends.append(comm.isend(pushes[s], s, name="push gradients"))
+    sends = []
+    for s in servers:
+        pushes[s][-2] = _PUSH_LEAVING
+        sends.append(comm.isend(pushes[s], s, name="leave"))
+    comm.wait_all(sends)
+    return {"role": "worker", "steps": steps, "slowdown": slowdown, "params": flat.numpy()}
+
+
+# ------------------------------------------------------------------ entry point
+def train_parameter_server(rank: int, world_size: int, mode: str = "sync", num_servers: int = 1,
+                           model: str = "mlp", global_batch: int = 128, steps: int = 10,
+                           lr: float = 0.1, slow: dict | None = None, seed: int = 0,
+                           update: Callable = sgd_update) -> dict:
+    """Worker for ``parlab.launch``: ranks < num_servers serve, the others train.
+
+    global_batch: each step's batch is cut into equal slices, one per worker (worker i
+    takes slice i), as in data parallelism, so sync mode equals one device on the
+    global batch. steps: sync: the number of updates; async: the server stops the
+    workers after ``steps x workers`` gradients (the same amount of data).
+    slow: {rank: factor}, an emulated slowdown of those workers' computation.
+    update: the rule an async server applies to each push (see ``sgd_update``).
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    servers, workers = roles(world_size, num_servers)
+    if global_batch % len(workers):
+        raise ValueError(f"a global batch of {global_batch} does not split over {len(workers)} "
+                         f"workers: use a multiple of {len(workers)}")
+    slow = {int(r): float(f) for r, f in (slow or {}).items()}
+    for r, factor in slow.items():
+        if r not in workers or factor < 1:
+            raise ValueError(f"slow={slow}: keys must be worker ranks {workers} and factors "
+                             ">= 1 (3 means three times slower)")
+    torch.manual_seed(seed)             # every rank builds the same initial model
+    net = build(model)
+    bounds = shard_bounds(sum(p.numel() for p in net.parameters()), num_servers)
+    if rank in servers:
+        a, b = bounds[rank]
+        total = steps if mode == "sync" else steps * len(workers)
+        return _serve(rank, workers, mode, flat_parameters(net)[a:b].clone(), total, lr, update)
+    b = global_batch // len(workers)
+    i = workers.index(rank)
+    return _work(rank, servers, bounds, net, _batches(model, global_batch),
+                 slice(i * b, (i + 1) * b), slow.get(rank, 1.0))
+
+
+# ------------------------------------------------------------------ reading the results
+def assemble(results: list[dict]) -> np.ndarray:
+    """The trained flat parameter vector, from the servers' shards in rank order."""
+    return np.concatenate([r["shard"] for r in results if r["role"] == "server"])
+
+
+def state_dict(results: list[dict], model: str = "mlp") -> dict:
+    """The trained parameters as a state dict of numpy arrays (for comparisons)."""
+    net = build(model)
+    load_flat(net, torch.as_tensor(assemble(results)))
+    return {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}
+
+
+def accuracy(results: list[dict], model: str = "mlp") -> float:
+    """Test accuracy of the parameters the servers ended with."""
+    from .. import data as datasets
+    net = build(model)
+    load_flat(net, torch.as_tensor(assemble(results)))
+    x, y = datasets.digits("test", flat=model == "mlp")
+    with torch.no_grad():
+        return float((net(torch.as_tensor(x)).argmax(1).numpy() == y).mean())
+
+
+def history(results: list[dict]) -> list[dict]:
+    """Server 0's record of every applied gradient, times relative to its start."""
+    server = results[0]
+    return [dict(r, time=r["time"] - server["start"]) for r in server["applied"]]
+
+
+def throughput(results: list[dict], global_batch: int) -> float:
+    """Training samples per second: gradients applied by server 0, over its run time."""
+    server = results[0]
+    workers = sum(r["role"] == "worker" for r in results)
+    samples = len(server["applied"]) * global_batch // workers
+    return samples / (server["applied"][-1]["time"] - server["start"])
+
+
+# ------------------------------------------------------------------ staleness, in one process
+def train_with_delay(delay: int, steps: int = 200, batch: int = 32, lr: float = 0.1,
+                     model: str = "mlp", seed: int = 0, every: int = 10) -> dict:
+    """SGD where each gradient is computed on the parameters of ``delay`` updates ago.
+
+    This is what a constant staleness does to training, without any process: the
+    gradient applied at step t was taken at w_{t - delay}. Returns the training-set loss
+    every ``every`` steps.
+    """
+    from collections import deque
+
+    from .. import data as datasets
+    torch.manual_seed(seed)
+    net = build(model)
+    x_all, y_all = (torch.as_tensor(a) for a in datasets.digits("train", flat=model == "mlp"))
+    current = flat_parameters(net)
+    past = deque([current.clone()], maxlen=delay + 1)
+    batches = _batches(model, batch)
+    losses = []
+    for step in range(steps + 1):
+        if step % every == 0:
+            load_flat(net, current)
+            with torch.no_grad():
+                losses.append(float(nn.functional.cross_entropy(net(x_all), y_all)))
+        if step == steps:
+            break
+        load_flat(net, past[0])                  # the oldest kept: delay updates ago
+        xb, yb = next(batches)
+        net.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(net(torch.as_tensor(xb)), torch.as_tensor(yb)).backward()
+        current = current - lr * flat_gradients(net)
+        past.append(current.clone())
+    return {"delay": delay, "steps": list(range(0, steps + 1, every)), "loss": losses}
+
+
+# ------------------------------------------------------------------ exercise
+def _rule_problem(fn) -> str | None:
+    """What is wrong with an update rule on small known tensors (None: nothing)."""
+    torch.manual_seed(1)
+    for staleness in (0, 3):
+        shard, grad = torch.randn(12), torch.randn(12)
+        before = shard.clone()
+        out = fn(shard, grad.clone(), 0.1, staleness)
+        want = before - 0.1 * grad
+        if torch.equal(shard, before):
+            if isinstance(out, torch.Tensor) and torch.allclose(out, want, atol=1e-6):
+                return ("it returns the new parameters but leaves `shard` unchanged: the server "
+                        "sends `shard` itself to the workers, so change it in place "
+                        "(`shard -= ...` or `shard.sub_(...)`).")
+            return "`shard` is unchanged after the call: apply the gradient to it, in place."
+        if not torch.allclose(shard, want, atol=1e-6):
+            hint = (" (the gradient was added: a descent step subtracts it)"
+                    if torch.allclose(shard, before + 0.1 * grad, atol=1e-6) else "")
+            return (f"with lr 0.1 and staleness {staleness}, `shard` should become "
+                    f"shard - lr * grad, applied as the push arrives{hint}.")
+    return None
+
+
+def check_update_rule(fn, steps: int = 40) -> Callable:
+    """Check the learner's asynchronous update rule, then train with it on real ranks.
+
+    Returns the rule the rest of the lab uses: the learner's when it is right, otherwise
+    ``sgd_update`` (and it says why).
+    """
+    from ..errors import WorkerError
+    from ..launcher import launch
+    try:
+        problem = _rule_problem(fn)
+    except NotImplementedError:
+        print("[async_update] not attempted yet: the lab goes on with the reference rule.")
+        return sgd_update
+    except Exception as exc:  # noqa: BLE001 - reported to the learner in words
+        problem = f"it raised {type(exc).__name__}: {exc}"
+    if problem:
+        print(f"[async_update] not yet right: {problem}\nThe lab goes on with the reference rule.")
+        return sgd_update
+    try:
+        run = launch(train_parameter_server, 3,
+                     args=("async", 1, "mlp", 64, steps, 0.2, None, 0, fn), timeout=60)
+    except WorkerError as err:
+        print(f"[async_update] right on the test tensors, but training with it failed on rank "
+              f"{err.rank}: {err.summary}\nThe lab goes on with the reference rule.")
+        return sgd_update
+    applied = run.results[0]["applied"]
+    first = np.mean([a["loss"] for a in applied[:10]])
+    last = np.mean([a["loss"] for a in applied[-10:]])
+    print(f"[async_update] correct. An asynchronous server with your rule applied "
+          f"{len(applied)} pushes from 2 workers: loss {first:.2f} -> {last:.2f}, test accuracy "
+          f"{accuracy(run.results):.0%}.")
+    return fn
