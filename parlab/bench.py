@@ -286,7 +286,8 @@ def parameter_server_bench(quick: bool = False) -> list[str]:
         a = stale["async"]
         lines.append(f"{model}, 1 server + 2 workers, worker rank 2 slowed 3x (emulated): "
                      f"sync {speed['sync']:,.0f}, async {speed['async']:,.0f} samples/s: "
-                     f"async/sync = {speed['async'] / speed['sync']:.2f}x (2.00x if communication were free)")
+                     f"async/sync = {speed['async'] / speed['sync']:.2f}x (a model ignoring communication and "
+                     "contention predicts 2.00x)")
         lines.append(f"{model}: mean staleness async {a['all']:.2f} updates (fast worker "
                      f"{a[1]:.2f}, slow worker {a[2]:.2f}); sync {stale['sync']['all']:.2f}")
     return lines

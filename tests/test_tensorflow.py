@@ -217,3 +217,5 @@ def test_a_failing_coordinator_takes_its_servers_down(no_leftover_ranks):
     assert not _spawned_alive(before)
     with pytest.raises(ValueError, match="workers_in_process=False"):
         tf_ps.cluster_training(0, 1, kill_worker=0)
+    with pytest.raises(ValueError, match="only worker"):
+        tf_ps.cluster_training(0, 1, num_workers=1, kill_worker=0, workers_in_process=False)

@@ -114,8 +114,15 @@ def cluster_training(rank: int, world_size: int, num_workers: int = 2, chunks: i
     if kill_worker is not None and workers_in_process:
         raise ValueError("only a worker with a process of its own can be killed: "
                          "pass workers_in_process=False")
-    if kill_worker is not None and not 0 <= kill_worker < num_workers:
-        raise ValueError(f"kill_worker={kill_worker}: there are workers 0..{num_workers - 1}")
+    if kill_worker is not None:
+        if not 0 <= kill_worker < num_workers:
+            raise ValueError(f"kill_worker={kill_worker}: there are workers 0..{num_workers - 1}")
+        if num_workers < 2:
+            raise ValueError("killing the only worker leaves nobody to train (the coordinator "
+                             "would wait for it forever): use num_workers >= 2")
+        if not 0 <= kill_after_chunk < chunks:
+            raise ValueError(f"kill_after_chunk={kill_after_chunk}: there are chunks "
+                             f"0..{chunks - 1}")
     spec = cluster_spec(num_workers)
     procs = []
     started = time.perf_counter()
@@ -133,6 +140,7 @@ def cluster_training(rank: int, world_size: int, num_workers: int = 2, chunks: i
         from . import models
         config = _server_config(tf, threads)
         cluster = tf.train.ClusterSpec(spec)
+        # kept referenced: a tf.distribute.Server stops when it is garbage-collected
         servers = [tf.distribute.Server(cluster, job_name="ps", task_index=0, protocol="grpc",
                                         config=config, start=True)]
         if workers_in_process:

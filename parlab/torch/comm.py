@@ -71,14 +71,19 @@ def wait_all(works) -> None:
 
 
 def recv(tensor: torch.Tensor, src: int, *, group=None, tag: int = 0,
-         name: str = "recv") -> torch.Tensor:
-    """Receive into ``tensor`` from rank ``src``; the span includes waiting for the sender."""
-    with span(name, COMM, nbytes(tensor), peer=src):
+         name: str = "recv", kind: str = COMM) -> torch.Tensor:
+    """Receive into ``tensor`` from rank ``src``; the span includes waiting for the sender.
+
+    kind: ``WAIT`` for a message of a few bytes whose arrival is the point (a header, a
+    go-ahead): its span is then time spent waiting for the peer, drawn as such.
+    """
+    with span(name, kind, nbytes(tensor), peer=src):
         dist.recv(tensor, src, group=group, tag=tag)
     return tensor
 
 
-def recv_any(tensor: torch.Tensor, *, group=None, tag: int = 0, name: str = "recv any") -> int:
+def recv_any(tensor: torch.Tensor, *, group=None, tag: int = 0, name: str = "recv any",
+             kind: str = COMM) -> int:
     """Receive into ``tensor`` from whichever rank sends first; return that rank.
 
     An asynchronous parameter server needs this: it serves pushes in arrival order,
@@ -88,7 +93,7 @@ def recv_any(tensor: torch.Tensor, *, group=None, tag: int = 0, name: str = "rec
     start = time.perf_counter()
     sender = dist.recv(tensor, None, group=group, tag=tag)
     if rec.enabled:
-        rec.add(name, COMM, start, time.perf_counter(), nbytes(tensor), peer=sender)
+        rec.add(name, kind, start, time.perf_counter(), nbytes(tensor), peer=sender)
     return sender
 
 

@@ -17,8 +17,10 @@ Two ways for a server to treat the pushes:
   parameters that other pushes have changed since: its **staleness** is how many
   updates the server applied between the worker's pull and its push.
 
-Messages are flat float32 tensors with a small trailer, so that one ``send`` carries a
-whole push or reply (see ``_PUSH_*`` and ``_REPLY_*``).
+Every message is a header of two numbers, then (unless it says goodbye) a flat float32
+shard. The header's arrival is what a rank waits for, so its receive is recorded as a
+*wait* span; the shard that follows is recorded as communication, its transfer. The
+timeline thus tells waiting for a peer apart from moving bytes.
 """
 from __future__ import annotations
 
@@ -29,16 +31,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..trace import recorder, span
+from ..trace import WAIT, recorder, span
 from . import comm
 from .data_parallel import _batches, build
 
 MODES = ("sync", "async")
 
-# A push is [gradient shard..., kind, loss]; a reply is [parameter shard..., version, stop].
+# Headers. Worker -> server: [kind, loss of the batch]; server -> worker: [version, stop].
 _PUSH_GRADIENT, _PUSH_LEAVING = 0.0, 1.0
-_PUSH_TRAILER = 2
-_REPLY_TRAILER = 2
 
 
 # ------------------------------------------------------------------ roles and shards
@@ -101,54 +101,64 @@ def _serve(rank: int, workers: list[int], mode: str, shard: torch.Tensor, total:
     total: sync: the number of steps; async: stop the workers once this many gradients
     have been applied (only server 0 decides, so that all workers stop at one signal).
     """
-    numel = shard.numel()
-    reply = torch.empty(numel + _REPLY_TRAILER)
-    push = torch.empty(numel + _PUSH_TRAILER)
+    grad = torch.empty_like(shard)
+    header_in, header_out = torch.empty(2), torch.empty(2)
     version = 0
     read_version = {}                   # the version each worker last pulled
     applied: list[dict] = []            # one record per gradient applied
 
     def send_params(worker: int, stop: bool) -> None:
-        reply[:numel] = shard
-        reply[numel], reply[numel + 1] = version, float(stop)
+        header_out[0], header_out[1] = version, float(stop)
         read_version[worker] = version
-        comm.send(reply, worker, name="send params")
+        comm.send(header_out, worker, name="send header")
+        comm.send(shard, worker, name="send params")
 
-    def record(worker: int, staleness: int) -> None:
-        applied.append({"time": _now(), "worker": worker, "staleness": staleness,
-                        "loss": float(push[numel + 1]), "version": version})
+    def receive_push(worker: int | None) -> tuple[int, bool]:
+        """(sender, leaving?); worker None: whoever pushes first."""
+        if worker is None:
+            worker = comm.recv_any(header_in, name="wait for push", kind=WAIT)
+        else:
+            comm.recv(header_in, worker, name="wait for push", kind=WAIT)
+        if header_in[0] == _PUSH_LEAVING:
+            return worker, True
+        comm.recv(grad, worker, name="receive gradients")
+        return worker, False
+
+    def record(worker: int) -> None:
+        applied.append({"time": _now(), "worker": worker, "loss": float(header_in[1]),
+                        "staleness": version - read_version[worker], "version": version})
 
     start = _now()
     for w in workers:
         send_params(w, stop=total == 0)
     if mode == "sync":
-        grad_sum = torch.zeros(numel)
+        grad_sum = torch.zeros_like(shard)
         for step in range(total):
             grad_sum.zero_()
             for w in workers:               # in rank order: the same sum on every run
-                comm.recv(push, w, name="wait for push")
+                receive_push(w)
                 with span("sum gradients"):
-                    grad_sum += push[:numel]
-                record(w, version - read_version[w])
+                    grad_sum += grad
+                record(w)
             with span("apply update"):
                 shard.sub_(grad_sum / len(workers), alpha=lr)
             version += 1
             for w in workers:
                 send_params(w, stop=step == total - 1)
-    left = 0 if mode == "async" else len(workers)
-    for w in workers if mode == "sync" else ():
-        comm.recv(push, w, name="wait for push")   # each worker's goodbye
-    while left < len(workers):
-        w = comm.recv_any(push, name="wait for push")
-        if push[numel] == _PUSH_LEAVING:
-            left += 1
-            continue
-        staleness = version - read_version[w]
-        with span("apply update"):
-            update(shard, push[:numel], lr, staleness)
-        version += 1
-        record(w, staleness)
-        send_params(w, stop=rank == 0 and len(applied) >= total)
+        for w in workers:
+            receive_push(w)                 # each worker's goodbye
+    else:
+        left = 0
+        while left < len(workers):          # serve pushes in the order they come
+            w, leaving = receive_push(None)
+            if leaving:
+                left += 1
+                continue
+            with span("apply update"):
+                update(shard, grad, lr, version - read_version[w])
+            record(w)
+            version += 1
+            send_params(w, stop=rank == 0 and len(applied) >= total)
     return {"role": "server", "shard": shard.numpy().copy(), "applied": applied,
             "updates": version, "start": start, "end": _now(), "listening": listening()}
 
@@ -164,23 +174,22 @@ def listening() -> list[str]:
 def _work(rank: int, servers: list[int], bounds, model: nn.Module, batches, rows: slice,
           slowdown: float) -> dict:
     """Pull, compute, push until server 0 says stop; then say goodbye to every server."""
-    numel = bounds[-1][1]
-    flat = torch.empty(numel)
-    replies = [torch.empty(b - a + _REPLY_TRAILER) for a, b in bounds]
-    pushes = [torch.empty(b - a + _PUSH_TRAILER) for a, b in bounds]
+    flat = torch.empty(bounds[-1][1])
+    headers_in = [torch.empty(2) for _ in servers]
+    headers_out = [torch.empty(2) for _ in servers]
     loss_fn = nn.CrossEntropyLoss()
     steps: list[dict] = []
     sends: list = []
     while True:
-        for s, (a, b) in zip(servers, bounds):
-            comm.recv(replies[s], s, name="pull params")
-            flat[a:b] = replies[s][:b - a]
+        for i, (a, b) in enumerate(bounds):              # shard i lives on servers[i]
+            comm.recv(headers_in[i], servers[i], name="wait for server", kind=WAIT)
+            comm.recv(flat[a:b], servers[i], name="pull params")
         # The previous pushes are complete by now: a server replies only after receiving.
         # Waiting for them BEFORE these receives could deadlock with several servers: a
         # server blocked sending its reply to us while we wait for another server, itself
         # blocked sending to a worker that waits on the first server.
         comm.wait_all(sends)
-        if replies[0][-1] == 1.0:                        # server 0 says: stop
+        if headers_in[0][1] == 1.0:                      # server 0 says: stop
             break
         load_flat(model, flat)
         xb, yb = next(batches)
@@ -197,17 +206,16 @@ def _work(rank: int, servers: list[int], bounds, model: nn.Module, batches, rows
             with span("emulated slowdown"):
                 time.sleep((slowdown - 1) * (time.perf_counter() - t0))
         grads = flat_gradients(model)
-        steps.append({"time": _now(), "loss": loss.item(),
-                      "read_version": int(replies[0][-2])})
+        steps.append({"time": _now(), "loss": loss.item(), "read_version": int(headers_in[0][0])})
         sends = []
-        for s, (a, b) in zip(servers, bounds):
-            pushes[s][:b - a] = grads[a:b]
-            pushes[s][-2], pushes[s][-1] = _PUSH_GRADIENT, loss.item()
-            sends.append(comm.isend(pushes[s], s, name="push gradients"))
+        for i, (a, b) in enumerate(bounds):
+            headers_out[i][0], headers_out[i][1] = _PUSH_GRADIENT, loss.item()
+            sends.append(comm.isend(headers_out[i], servers[i], name="push header"))
+            sends.append(comm.isend(grads[a:b], servers[i], name="push gradients"))
     sends = []
-    for s in servers:
-        pushes[s][-2] = _PUSH_LEAVING
-        sends.append(comm.isend(pushes[s], s, name="leave"))
+    for i, server in enumerate(servers):
+        headers_out[i][0] = _PUSH_LEAVING
+        sends.append(comm.isend(headers_out[i], server, name="leave"))
     comm.wait_all(sends)
     return {"role": "worker", "steps": steps, "slowdown": slowdown, "params": flat.numpy()}
 
