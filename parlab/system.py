@@ -65,3 +65,20 @@ def system_report(torch: bool = True) -> SystemReport:
     tf = importlib.util.find_spec("tensorflow") is not None
     report["tensorflow"] = "installed (not imported)" if tf else "not installed"
     return report
+
+
+def listening_addresses(pids=None) -> list[str]:
+    """The TCP addresses these processes (default: this one) listen on, as "ip:port".
+
+    The labs print them to show where their servers can be reached: the loopback only
+    ("127.0.0.1:..."), or every interface ("0.0.0.0:..." or ":::...").
+    """
+    import psutil
+    found = set()
+    for pid in [os.getpid()] if pids is None else pids:
+        try:  # per process: the machine-wide list needs root on macOS
+            conns = psutil.Process(pid).net_connections("tcp")
+        except psutil.NoSuchProcess:
+            continue
+        found |= {f"{c.laddr.ip}:{c.laddr.port}" for c in conns if c.status == psutil.CONN_LISTEN}
+    return sorted(found)

@@ -56,3 +56,14 @@ def test_tensorflow_logical_devices_are_configured_once():
     assert lines[0].startswith("3 simulated devices (logical CPU devices")
     assert lines[1] == "3" and lines[2] == "3"
     assert lines[3].startswith("REFUSED") and "restart the kernel" in lines[3]
+
+
+def test_listening_addresses_sees_a_socket_of_this_process():
+    import socket
+
+    from parlab.system import listening_addresses
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        assert f"127.0.0.1:{s.getsockname()[1]}" in listening_addresses()
+    assert listening_addresses([2**22 + 12345]) == []   # no such process: nothing, no error

@@ -6,7 +6,8 @@
 * ``ParameterServerStrategy`` with a ``ClusterCoordinator``: a coordinator (this process)
   places the variables on parameter-server tasks and schedules training steps on worker
   tasks, each of which runs them asynchronously, as soon as it is free. Every task is a
-  ``tf.distribute.Server`` listening on 127.0.0.1.
+  ``tf.distribute.Server`` addressed as 127.0.0.1 (gRPC itself binds its port on every
+  interface; TensorFlow has no setting for that).
 
 ``cluster_training`` runs the whole cluster inside one process started by
 ``parlab.launch`` (so the notebook's kernel never holds gRPC servers), and stops every
@@ -22,6 +23,7 @@ import time
 
 import numpy as np
 
+from ..system import listening_addresses
 from .mirrored import free_ports
 
 HOST = "127.0.0.1"
@@ -83,14 +85,6 @@ def _wait_listening(spec: dict, procs, timeout: float = 60.0) -> None:
                 raise TimeoutError(f"no TensorFlow server answered on {pending[0]} within "
                                    f"{timeout:.0f} s") from None
             time.sleep(0.1)
-
-
-def listening_addresses(pids) -> list[str]:
-    """The TCP addresses these processes listen on (to show they are 127.0.0.1 only)."""
-    import psutil
-    pids = set(pids)
-    return sorted({f"{c.laddr.ip}:{c.laddr.port}" for c in psutil.net_connections("tcp")
-                   if c.status == psutil.CONN_LISTEN and c.pid in pids})
 
 
 def cluster_training(rank: int, world_size: int, num_workers: int = 2, chunks: int = 8,

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..system import listening_addresses
 from ..trace import WAIT, recorder, span
 from . import comm
 from .data_parallel import _batches, build
@@ -160,14 +161,8 @@ def _serve(rank: int, workers: list[int], mode: str, shard: torch.Tensor, total:
             version += 1
             send_params(w, stop=rank == 0 and len(applied) >= total)
     return {"role": "server", "shard": shard.numpy().copy(), "applied": applied,
-            "updates": version, "start": start, "end": _now(), "listening": listening()}
-
-
-def listening() -> list[str]:
-    """The TCP addresses this process listens on (gloo's, pinned to the loopback)."""
-    import psutil
-    return sorted(f"{c.laddr.ip}:{c.laddr.port}" for c in psutil.Process().net_connections("tcp")
-                  if c.status == psutil.CONN_LISTEN)
+            "updates": version, "start": start, "end": _now(),
+            "listening": listening_addresses()}    # gloo's sockets, pinned to the loopback
 
 
 # ------------------------------------------------------------------ worker
@@ -353,14 +348,19 @@ def _rule_problem(fn) -> str | None:
     return None
 
 
+def _train_with_rule(rank: int, world_size: int, rule: Callable, steps: int = 40) -> dict:
+    return train_parameter_server(rank, world_size, "async", 1, "mlp", 64, steps, 0.2, None, 0, rule)
+
+
 def check_update_rule(fn, steps: int = 40) -> Callable:
     """Check the learner's asynchronous update rule, then train with it on real ranks.
 
     Returns the rule the rest of the lab uses: the learner's when it is right, otherwise
     ``sgd_update`` (and it says why).
     """
-    from ..errors import WorkerError
-    from ..launcher import launch
+    import functools
+
+    from ..exercises import run_on_ranks
     try:
         problem = _rule_problem(fn)
     except NotImplementedError:
@@ -371,17 +371,13 @@ def check_update_rule(fn, steps: int = 40) -> Callable:
     if problem:
         print(f"[async_update] not yet right: {problem}\nThe lab goes on with the reference rule.")
         return sgd_update
-    try:
-        run = launch(train_parameter_server, 3,
-                     args=("async", 1, "mlp", 64, steps, 0.2, None, 0, fn), timeout=60)
-    except WorkerError as err:
-        print(f"[async_update] right on the test tensors, but training with it failed on rank "
-              f"{err.rank}: {err.summary}\nThe lab goes on with the reference rule.")
+    results = run_on_ranks("async_update", functools.partial(_train_with_rule, steps=steps), fn, 3)
+    if results is None:
         return sgd_update
-    applied = run.results[0]["applied"]
+    applied = results[0]["applied"]
     first = np.mean([a["loss"] for a in applied[:10]])
     last = np.mean([a["loss"] for a in applied[-10:]])
     print(f"[async_update] correct. An asynchronous server with your rule applied "
           f"{len(applied)} pushes from 2 workers: loss {first:.2f} -> {last:.2f}, test accuracy "
-          f"{accuracy(run.results):.0%}.")
+          f"{accuracy(results):.0%}.")
     return fn
