@@ -7,7 +7,10 @@ from parlab.torch import bandwidth
 
 
 def test_sweep_measures_every_size_and_op(no_leftover_ranks):
-    sizes = [4, 4096, 2**20]
+    # The largest message must be big enough that its transfer time is far above the
+    # scheduling noise of a shared 2-core machine: a 4-byte median once read 1.1 ms
+    # under load, longer than a 1 MiB transfer. 16 MiB takes several milliseconds.
+    sizes = [4, 4096, 2**24]
     out = parlab.launch(bandwidth.sweep, 2, args=(sizes, ("send_recv", "all_reduce")))
     records, other = out.results
     assert other == []
