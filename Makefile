@@ -16,8 +16,12 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+# Jupyter refuses to start as root unless told to; containers (Docker, some cloud
+# machines) often run as root, so say it only there.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
+
 lab: install
-	$(VENV)/bin/jupyter lab labs/
+	$(VENV)/bin/jupyter lab $(ROOT_FLAG) labs/
 
 # One pytest run covers the package tests and every notebook (nbval, lax: outputs with
 # timings are not compared; a failing cell or assertion fails). A hung cell fails too.
