@@ -18,7 +18,7 @@ install: $(STAMP)
 
 # Jupyter refuses to start as root unless told to; containers (Docker, some cloud
 # machines) often run as root, so say it only there.
-ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
+ROOT_FLAG = $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
 
 lab: install
 	$(VENV)/bin/jupyter lab $(ROOT_FLAG) labs/
