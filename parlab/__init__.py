@@ -21,6 +21,8 @@ _LAZY = {
     "data": ("parlab.data", None),
     "devices": ("parlab.hardware", "devices"),
     "exercises": ("parlab.exercises", None),
+    "experiments": ("parlab.experiments", None),
+    "grid": ("parlab.grid", None),
     "hardware": ("parlab.hardware", None),
     "launch": ("parlab.launcher", "launch"),
     "metrics": ("parlab.metrics", None),

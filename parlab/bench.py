@@ -212,6 +212,7 @@ def vertical_slicing(quick: bool = False) -> list[str]:
 def pipeline_bubble_bench(quick: bool = False) -> list[str]:
     import numpy as np
 
+    from parlab.experiments import run_pipeline
     from parlab.metrics import pipeline_bubble
     from parlab.splitting import SplitConfig
     from parlab.torch import pipeline as pl
@@ -221,7 +222,7 @@ def pipeline_bubble_bench(quick: bool = False) -> list[str]:
     cfg = SplitConfig(sizes=(64, *[256] * 32, 10), batch_size=840, steps=3 if quick else 5, lr=0.01)
     lines, step = [], {}
     for m in (1, 2, 4, 8):
-        out = pl.launch_pipeline(cfg, 2, m, "1f1b")
+        out = run_pipeline(cfg, 2, m, "1f1b")
         measured = pl.measured_bubble(out.timeline, 2, m)
         formula = pipeline_bubble(2, m)
         step[m] = float(np.median([e - s for s, e in pl.step_windows(out.timeline, 2, m)[1:]]))

@@ -1,4 +1,4 @@
-"""Small workers used by the README, the torchrun test and lab 00."""
+"""Small rank functions used by the README, the torchrun test and lab 00."""
 from __future__ import annotations
 
 

@@ -152,6 +152,55 @@ def check_split(bounds, costs, n_devices: int, names=None) -> float:
     return ratio
 
 
+# --------------------------------------------------------------------------- lab 03
+def _row_parallel_ranks(rank: int, world_size: int, fn) -> dict:
+    """On each rank: the learner's row-parallel forward on its slice, and the dense layer."""
+    import torch
+    from torch import nn
+    torch.manual_seed(3)
+    full = nn.Linear(12, 6)
+    x = torch.randn(5, 12)
+    part = 12 // world_size
+    cols = slice(rank * part, (rank + 1) * part)
+    with torch.no_grad():
+        got = fn(x[:, cols].clone(), full.weight[:, cols].clone(), full.bias.clone())
+        want = full(x)
+    return {"got": None if got is None else torch.as_tensor(got).numpy(), "want": want.numpy(),
+            "bias": full.bias.detach().numpy()}
+
+
+def check_row_parallel(fn, world_size: int = 2):
+    """Run the learner's row-parallel forward on real ranks and compare with a dense layer.
+
+    Returns the function to use next: the learner's if right, else the reference.
+    """
+    import numpy as np
+
+    from .torch.tensor_parallel import row_parallel_forward
+    results = run_on_ranks("row_parallel", _row_parallel_ranks, fn, world_size)
+    if results is None:
+        return row_parallel_forward
+    for r, res in enumerate(results):
+        if res["got"] is None or res["got"].shape != res["want"].shape:
+            shape = None if res["got"] is None else res["got"].shape
+            print(f"[row_parallel] rank {r} returned shape {shape}, expected {res['want'].shape}: "
+                  "each rank must return the full output (every unit), not a slice.")
+            return row_parallel_forward
+        err = float(np.abs(res["got"] - res["want"]).max())
+        if err > 1e-5:
+            bias_counted_n_times = np.allclose(res["got"] - res["want"],
+                                               (world_size - 1) * res["bias"], atol=1e-5)
+            hint = (f"It looks like the bias was added on every rank before the all-reduce, so "
+                    f"it is counted {world_size} times." if bias_counted_n_times else "")
+            print(f"[row_parallel] rank {r} is off by up to {err:.3g} from the dense layer. "
+                  "Each rank's product is a partial sum over its inputs: all ranks' partial sums "
+                  f"must be added (all-reduce) before the bias is added once. {hint}\n"
+                  "The lab goes on with the reference solution.")
+            return row_parallel_forward
+    print(f"[row_parallel] correct: on {world_size} ranks, every rank's output equals the dense layer's.")
+    return fn
+
+
 # --------------------------------------------------------------------------- lab 04
 def check_schedule(fn, cases=((2, 4), (3, 5), (4, 8))):
     """Check a learner's 1F1B schedule builder ``fn(stages, micro_batches)``.
@@ -182,6 +231,119 @@ def check_schedule(fn, cases=((2, 4), (3, 5), (4, 8))):
                   "The lab goes on with the reference schedule.")
             return one_f_one_b
     print(f"[1f1b] correct: valid, deadlock-free and within 1F1B's memory bound on {len(cases)} cases.")
+    return fn
+
+
+# --------------------------------------------------------------------------- lab 05
+def _tiny_problem():
+    """A small MLP and batch, the same on every rank (the averaging exercise's test)."""
+    import torch
+
+    from .torch import models
+    torch.manual_seed(0)
+    net = models.mlp((16, 8, 4))
+    return net, torch.randn(8, 16), torch.randint(0, 4, (8,))
+
+
+def _average_ranks(rank: int, world_size: int, fn) -> dict:
+    """On each rank: the gradient of its half of the batch, averaged by the learner's fn."""
+    from torch import nn
+    net, x, y = _tiny_problem()
+    b = 8 // world_size
+    nn.functional.cross_entropy(net(x[rank * b:(rank + 1) * b]), y[rank * b:(rank + 1) * b]).backward()
+    fn(net)
+    return {n: p.grad.numpy().copy() for n, p in net.named_parameters()}
+
+
+def check_average_gradients(fn, world_size: int = 2):
+    """Run the learner's gradient averaging on real ranks; compare with one device."""
+    import numpy as np
+    from torch import nn
+
+    from .torch.data_parallel import average_gradients
+    results = run_on_ranks("average_gradients", _average_ranks, fn, world_size)
+    if results is None:
+        return average_gradients
+    net, x, y = _tiny_problem()
+    nn.functional.cross_entropy(net(x), y).backward()
+    for name, p in net.named_parameters():
+        got = [r[name] for r in results]
+        if any(not np.allclose(g, got[0], atol=1e-7) for g in got):
+            print(f"[average_gradients] the ranks disagree on {name}: every rank must end with "
+                  "the same gradient. The lab goes on with the reference.")
+            return average_gradients
+        if not np.allclose(got[0], p.grad.numpy(), atol=1e-6):
+            ratio = float(np.median(got[0] / np.where(p.grad.numpy() == 0, np.nan, p.grad.numpy())))
+            hint = (f" (yours is about {ratio:.2g}x the right one: a sum needs dividing by the "
+                    "number of ranks)" if np.isfinite(ratio) else "")
+            print(f"[average_gradients] {name} differs from the whole-batch gradient{hint}. "
+                  "The lab goes on with the reference.")
+            return average_gradients
+    print(f"[average_gradients] correct: on {world_size} ranks the averaged gradients equal "
+          "the whole batch's on one device.")
+    return fn
+
+
+# --------------------------------------------------------------------------- lab 06
+def _rule_problem(fn) -> str | None:
+    """What is wrong with an update rule on small known tensors (None: nothing)."""
+    import torch
+    torch.manual_seed(1)
+    for staleness in (0, 3):
+        shard, grad = torch.randn(12), torch.randn(12)
+        before = shard.clone()
+        out = fn(shard, grad.clone(), 0.1, staleness)
+        want = before - 0.1 * grad
+        if torch.equal(shard, before):
+            if isinstance(out, torch.Tensor) and torch.allclose(out, want, atol=1e-6):
+                return ("it returns the new parameters but leaves `shard` unchanged: the server "
+                        "sends `shard` itself to the workers, so change it in place "
+                        "(`shard -= ...` or `shard.sub_(...)`).")
+            return "`shard` is unchanged after the call: apply the gradient to it, in place."
+        if not torch.allclose(shard, want, atol=1e-6):
+            hint = (" (the gradient was added: a descent step subtracts it)"
+                    if torch.allclose(shard, before + 0.1 * grad, atol=1e-6) else "")
+            return (f"with lr 0.1 and staleness {staleness}, `shard` should become "
+                    f"shard - lr * grad, applied as the push arrives{hint}.")
+    return None
+
+
+def _train_with_rule(rank: int, world_size: int, rule, steps: int = 40) -> dict:
+    from .torch.parameter_server import train_parameter_server
+    return train_parameter_server(rank, world_size, mode="async", num_servers=1, model="mlp",
+                                  global_batch=64, steps=steps, lr=0.2, update=rule)
+
+
+def check_update_rule(fn, steps: int = 40):
+    """Check the learner's asynchronous update rule, then train with it on real ranks.
+
+    Returns the rule the rest of the lab uses: the learner's when it is right, otherwise
+    ``sgd_update`` (and it says why).
+    """
+    import functools
+
+    import numpy as np
+
+    from .torch.parameter_server import accuracy, sgd_update
+    try:
+        problem = _rule_problem(fn)
+    except NotImplementedError:
+        print("[async_update] not attempted yet: the lab goes on with the reference rule.")
+        return sgd_update
+    except Exception as exc:  # noqa: BLE001 - reported to the learner in words
+        problem = f"it raised {type(exc).__name__}: {exc}"
+    if problem:
+        print(f"[async_update] not yet right: {problem}\nThe lab goes on with the reference rule.")
+        return sgd_update
+    results = run_on_ranks("async_update", functools.partial(_train_with_rule, steps=steps), fn, 3)
+    if results is None:
+        return sgd_update
+    applied = results[0]["applied"]
+    first = np.mean([a["loss"] for a in applied[:10]])
+    last = np.mean([a["loss"] for a in applied[-10:]])
+    print(f"[async_update] correct. An asynchronous server with your rule applied "
+          f"{len(applied)} pushes from 2 workers: loss {first:.2f} -> {last:.2f}, test accuracy "
+          f"{accuracy(results):.0%}.")
     return fn
 
 

@@ -85,3 +85,36 @@ def pipeline_bubble(stages: int, micro_batches: int) -> float:
     if stages < 1 or micro_batches < 1:
         raise ValueError("stages and micro_batches must be >= 1")
     return (stages - 1) / (micro_batches + stages - 1)
+
+
+# ------------------------------------------------------------------ equivalence
+def max_difference(a: dict, b: dict, keys=None) -> float:
+    """Largest absolute difference between two sets of named arrays (e.g. parameters).
+
+    The equivalence checks of every lab: a parallel run against its single-device
+    reference. ``keys``: compare only these names (default: every name in ``b``); a name
+    missing from ``a`` is an error, not a silent zero.
+    """
+    keys = list(b) if keys is None else list(keys)
+    missing = [k for k in keys if k not in a]
+    if missing:
+        raise KeyError(f"{missing[:3]} missing from the first set (it has {list(a)[:5]}...)")
+    return max((float(np.max(np.abs(np.asarray(a[k], dtype=float) - np.asarray(b[k], dtype=float))))
+                for k in keys), default=0.0)
+
+
+def identical(states) -> bool:
+    """True when every set of named arrays equals the first to the last bit (replicas)."""
+    states = list(states)
+    first = states[0]
+    return all(set(s) == set(first) and all(np.array_equal(s[k], first[k]) for k in first)
+               for s in states[1:])
+
+
+def merged(results, key: str = "state") -> dict:
+    """One set of named arrays from the ranks' parts (e.g. each pipeline stage's state)."""
+    out: dict = {}
+    for r in results:
+        out.update(r[key])
+    return out
+

@@ -36,6 +36,7 @@ class Span:
     end: float
     bytes: int = 0
     peer: int | None = None
+    axis: str | None = None     # the mesh axis (group) a communication ran on, if any
 
     @property
     def duration(self) -> float:
@@ -63,10 +64,11 @@ class _SpanContext:
     third as much, and spans surround every operation of a training step.
     """
 
-    __slots__ = ("rec", "kind", "name", "nbytes", "peer", "start")
+    __slots__ = ("rec", "kind", "name", "nbytes", "peer", "axis", "start")
 
-    def __init__(self, rec, kind, name, nbytes, peer):
+    def __init__(self, rec, kind, name, nbytes, peer, axis):
         self.rec, self.kind, self.name, self.nbytes, self.peer = rec, kind, name, nbytes, peer
+        self.axis = axis
 
     def __enter__(self):
         self.start = self.rec.timer.mark()
@@ -75,7 +77,7 @@ class _SpanContext:
     def __exit__(self, *exc):
         rec = self.rec
         rec._raw.append((self.kind, self.name, self.start, rec.timer.mark(), self.nbytes,
-                         self.peer, None))
+                         self.peer, None, self.axis))
         return False
 
 
@@ -106,21 +108,23 @@ class Recorder:
         self.enabled = True
         self._raw: list[tuple] = []
 
-    def span(self, name: str, kind: str = COMPUTE, bytes: int = 0, peer: int | None = None):
+    def span(self, name: str, kind: str = COMPUTE, bytes: int = 0, peer: int | None = None,
+             axis: str | None = None):
         if not self.enabled:
             return _NULL
         if kind not in KINDS:
             raise ValueError(f"span kind must be one of {KINDS}, got {kind!r}")
-        return _SpanContext(self, kind, name, bytes, peer)
+        return _SpanContext(self, kind, name, bytes, peer, axis)
 
     def add(self, name: str, kind: str, start: float, end: float, bytes: int = 0, peer=None,
-            lane: int | None = None):
+            lane: int | None = None, axis: str | None = None):
         """Record an interval measured elsewhere (host-clock seconds on this rank).
 
         lane: draw it on another lane than this rank's, e.g. for work a background
         thread did while the rank's main thread went on (DDP's gradient all-reduce).
         """
-        self._raw.append((kind, name, ("host", start), ("host", end), int(bytes), peer, lane))
+        self._raw.append((kind, name, ("host", start), ("host", end), int(bytes), peer, lane,
+                          axis))
 
     def _resolve(self, mark) -> float:
         if isinstance(mark, tuple):
@@ -131,8 +135,8 @@ class Recorder:
         """All spans recorded so far, resolved to seconds on the merged clock."""
         return [
             Span(self.rank if lane is None else lane, kind, name, self._resolve(s) + self.offset,
-                 self._resolve(e) + self.offset, nbytes, peer)
-            for kind, name, s, e, nbytes, peer, lane in self._raw
+                 self._resolve(e) + self.offset, nbytes, peer, axis)
+            for kind, name, s, e, nbytes, peer, lane, axis in self._raw
         ]
 
     def timeline(self, labels: dict[int, str] | None = None) -> "Timeline":
@@ -160,9 +164,10 @@ def install(rec: Recorder) -> Recorder:
     return rec
 
 
-def span(name: str, kind: str = COMPUTE, bytes: int = 0, peer: int | None = None):
+def span(name: str, kind: str = COMPUTE, bytes: int = 0, peer: int | None = None,
+         axis: str | None = None):
     """Record the enclosed block as one span on this rank: ``with parlab.span("forward"):``."""
-    return recorder().span(name, kind, bytes, peer)
+    return recorder().span(name, kind, bytes, peer, axis)
 
 
 @contextlib.contextmanager
@@ -267,7 +272,7 @@ class Timeline:
     def window(self, start: float, end: float) -> "Timeline":
         """Spans clipped to [start, end] (absolute times), e.g. to drop warm-up steps."""
         clipped = [Span(s.rank, s.kind, s.name, max(s.start, start), min(s.end, end),
-                        s.bytes, s.peer)
+                        s.bytes, s.peer, s.axis)
                    for s in self.spans if s.end > start and s.start < end]
         return Timeline(clipped, self.labels, self.ranks)
 
@@ -344,9 +349,49 @@ class Timeline:
                 out[s.name] = out.get(s.name, 0.0) + s.duration
         return out
 
-    def comm_bytes(self, rank: int | None = None) -> int:
+    def comm_bytes(self, rank: int | None = None, axis: str | None = None) -> int:
+        """Bytes handed to communication, on one rank (or all) and one mesh axis (or all)."""
         return sum(s.bytes for s in self.spans
-                   if s.kind == COMM and (rank is None or s.rank == rank))
+                   if s.kind == COMM and (rank is None or s.rank == rank)
+                   and (axis is None or s.axis == axis))
+
+    def bytes_by_axis(self, rank: int | None = None) -> dict[str, int]:
+        """Communication bytes per mesh axis ("world" for ungrouped traffic)."""
+        out: dict[str, int] = {}
+        for s in self.spans:
+            if s.kind == COMM and (rank is None or s.rank == rank):
+                key = s.axis or "world"
+                out[key] = out.get(key, 0) + s.bytes
+        return out
+
+    def step_windows(self, marker: str = "forward", rank: int | None = None
+                     ) -> list[tuple[float, float]]:
+        """(start, end) of every training step, cut at each ``marker`` span's start.
+
+        A step runs from one ``marker`` (on ``rank``, default the first rank) to the
+        next; the last step ends with the timeline.
+        """
+        rank = self.ranks[0] if rank is None else rank
+        starts = sorted(s.start for s in self.spans if s.rank == rank and s.name == marker)
+        if not starts:
+            raise ValueError(f"no span named {marker!r} on rank {rank}: name the span that "
+                             "opens each step (e.g. marker=\"F0\" for a pipeline)")
+        return list(zip(starts, [*starts[1:], self.end]))
+
+    def step(self, k: int = -1, marker: str = "forward", rank: int | None = None,
+             count: int = 1) -> "Timeline":
+        """The timeline of step ``k`` (negative counts from the end; ``count`` steps).
+
+        ``run.timeline.step(-2)`` is the last complete step before the final one, a
+        warm step: the first step of a run pays for start-up.
+        """
+        windows = self.step_windows(marker, rank)
+        n = len(windows)
+        first = k + n if k < 0 else k
+        if not 0 <= first < n or first + count > n:
+            raise IndexError(f"step {k} (count {count}) is outside the {n} steps found "
+                             f"(each opened by a {marker!r} span)")
+        return self.window(windows[first][0], windows[first + count - 1][1])
 
     # -- export
     def to_chrome_trace(self, path: str | os.PathLike) -> str:
@@ -368,6 +413,8 @@ class Timeline:
                 args["bytes"] = s.bytes
             if s.peer is not None:
                 args["peer"] = s.peer
+            if s.axis is not None:
+                args["axis"] = s.axis
             events.append({"ph": "X", "name": s.name, "cat": s.kind, "pid": s.rank,
                            "tid": 0, "ts": (s.start - t0) * 1e6,
                            "dur": max(s.duration, 0.0) * 1e6, "args": args})

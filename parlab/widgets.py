@@ -6,7 +6,7 @@ def pipeline_explorer(cfg, forward_s: float = 1.0, backward_s: float = 2.0, tran
     """Choose p, m and a schedule: see the predicted timeline; one click measures it.
 
     The prediction uses ``parlab.schedules.simulate`` with the given relative costs and is
-    labelled as predicted. "measure" runs ``launch_pipeline(cfg, p, m, schedule)`` on p
+    labelled as predicted. "measure" runs ``parlab.experiments.run_pipeline(cfg, p, m, schedule)`` on p
     ranks and draws the second step as measured.
     """
     import ipywidgets as w
@@ -32,12 +32,13 @@ def pipeline_explorer(cfg, forward_s: float = 1.0, backward_s: float = 2.0, tran
                                   color_by="name"))
 
     def run_measurement(_):
+        from .experiments import run_pipeline
         from .torch import pipeline
         with out:
             out.clear_output(wait=True)
             print(f"running {p.value} ranks ...")
             try:
-                res = pipeline.launch_pipeline(cfg, p.value, m.value, name.value)
+                res = run_pipeline(cfg, p.value, m.value, name.value)
             except ValueError as err:
                 print(f"refused: {err}")
                 return

@@ -7,6 +7,7 @@ from conftest import rank_processes
 
 import parlab
 from parlab import schedules
+from parlab.experiments import run_pipeline
 from parlab.metrics import pipeline_bubble
 from parlab.splitting import SplitConfig
 from parlab.torch import pipeline as pl
@@ -48,7 +49,7 @@ def test_deadlocks_and_incomplete_schedules_are_explained():
                                       (3, 4, "1f1b"), (3, 2, "gpipe"), (2, 6, "1f1b")])
 def test_pipeline_training_equals_the_sequential_model(p, m, name, no_leftover_ranks):
     ref = split.train_reference(LIGHT)
-    out = pl.launch_pipeline(LIGHT, p, m, name)
+    out = run_pipeline(LIGHT, p, m, name)
     np.testing.assert_allclose(out.results[-1]["losses"], ref["losses"], atol=TOL)
     grads = {k: v for r in out.results for k, v in r["first_grads"].items()}
     assert grads.keys() == ref["first_grads"].keys()
@@ -64,12 +65,12 @@ def test_pipeline_training_equals_the_sequential_model(p, m, name, no_leftover_r
 def test_bad_pipelines_are_refused_before_any_rank_starts():
     started = time.perf_counter()
     with pytest.raises(ValueError, match=r"batch of 48 does not divide into 5 micro-batches: use one of \[1, 2, 3, 4, 6"):
-        pl.launch_pipeline(LIGHT, 2, 5)
+        run_pipeline(LIGHT, 2, 5)
     deadlock = [[("F", 0), ("B", 0)], [("B", 0), ("F", 0)]]
     with pytest.raises(ValueError, match="deadlocks"):
-        pl.launch_pipeline(LIGHT, 2, 1, deadlock)
+        run_pipeline(LIGHT, 2, 1, deadlock)
     with pytest.raises(ValueError, match="at most 9"):
-        pl.launch_pipeline(LIGHT, 10, 1, "gpipe")
+        run_pipeline(LIGHT, 10, 1, "gpipe")
     assert time.perf_counter() - started < 5 and not rank_processes()
 
 

@@ -70,11 +70,11 @@ def test_column_then_row_needs_fewer_collectives_than_naive():
 
 def test_widths_that_do_not_divide_are_refused_with_what_to_change():
     with pytest.raises(ValueError, match=r"10 units.*over 4 devices.*\[1, 2, 5, 10\]"):
-        tp.ColumnParallelLinear(nn.Linear(64, 10), 0, 4)
+        tp.ColumnParallelLinear(nn.Linear(64, 10), tp.layout(4))
     with pytest.raises(ValueError, match="over 3 devices"):
-        tp.RowParallelLinear(nn.Linear(64, 10), 0, 3)
+        tp.RowParallelLinear(nn.Linear(64, 10), tp.layout(3))
     with pytest.raises(ValueError, match="scheme"):
-        tp.slice_mlp(nn.Sequential(nn.Linear(4, 4)), 0, 2, "diagonal")
+        tp.slice_mlp(nn.Sequential(nn.Linear(4, 4)), "diagonal", tp.layout(2))
 
 
 def test_grouped_layers_exchange_only_at_the_classifier(no_leftover_ranks):
@@ -116,9 +116,9 @@ def _right(x, w, b):
 
 
 def test_the_row_parallel_exercise_check_runs_the_learners_code_on_ranks(capsys, no_leftover_ranks):
-    assert tp.check_row_parallel(_right) is _right
+    assert parlab.exercises.check_row_parallel(_right) is _right
     assert "correct" in capsys.readouterr().out
-    assert tp.check_row_parallel(_bias_on_every_rank) is tp.row_parallel_forward
+    assert parlab.exercises.check_row_parallel(_bias_on_every_rank) is tp.row_parallel_forward
     assert "counted 2 times" in capsys.readouterr().out
-    assert tp.check_row_parallel(_not_done) is tp.row_parallel_forward
+    assert parlab.exercises.check_row_parallel(_not_done) is tp.row_parallel_forward
     assert "not attempted" in capsys.readouterr().out

@@ -100,15 +100,74 @@ def sliced_linear_layers(rank, world_size):
     full = nn.Linear(16, 8)
     x = torch.randn(5, 16)
     out = {}
-    col = tp.ColumnParallelLinear(full, rank, world_size, gather_output=True)
+    col = tp.ColumnParallelLinear(full, gather_output=True)
     xc = x.clone().requires_grad_(True)
     y = col(xc)
     (y * torch.arange(8.0)).sum().backward()
     out["col"] = (y.detach(), col.weight.grad, col.bias.grad, xc.grad)
-    row = tp.RowParallelLinear(full, rank, world_size)
+    row = tp.RowParallelLinear(full)
     part = 16 // world_size
     xr = x[:, rank * part:(rank + 1) * part].clone().requires_grad_(True)
     y = row(xr)
     (y * torch.arange(8.0)).sum().backward()
     out["row"] = (y.detach(), row.weight.grad, row.bias.grad, xr.grad)
     return out
+
+
+# ------------------------------------------------------------------ strategies on sub-groups
+PAIR_CFG = dict(sizes=(64, 64, 64, 64, 64, 10), batch_size=48, steps=3, lr=0.1)
+
+
+def strategy_on_pairs(rank, world_size, name):
+    """Run one strategy on each pair of a 4-rank launch at once: ranks (0, 1) and (2, 3).
+
+    The mesh has axes pair × member; ``mesh.group("member")`` is this rank's pair. Both
+    pairs run the same strategy at the same time, each on its own group.
+    """
+    from parlab.splitting import SplitConfig
+    from parlab.torch import data_parallel as dp
+    from parlab.torch import parameter_server as ps
+    from parlab.torch import pipeline as pl
+    from parlab.torch import split
+    from parlab.torch import tensor_parallel as tp
+    from parlab.torch.mesh import init_mesh
+
+    mesh = init_mesh(pair=2, member=2)
+    group = mesh.group("member")
+    out = {"pair": mesh.coord("pair"), "member": mesh.coord("member"), "ranks": mesh.ranks("member")}
+    if name == "split":
+        out["run"] = split.train_split(rank, world_size, SplitConfig(bounds=[4], **PAIR_CFG), group=group)
+    elif name == "pipeline":
+        cfg, ops = pl.prepare(SplitConfig(**PAIR_CFG), 2, 4, "1f1b")
+        out["run"] = pl.train_pipeline(rank, world_size, cfg, 4, ops, group=group)
+    elif name in ("naive", "column_row"):
+        out["run"] = tp.train_sliced(rank, world_size, PAIR_CFG["sizes"], name, 48, 3, 0.1, group=group)
+    elif name == "dtensor":
+        out["run"] = tp.library_sliced_step(rank, world_size, PAIR_CFG["sizes"], 48, group=group)
+    elif name in ("by_hand", "ring", "ddp"):
+        out["run"] = dp.train_data_parallel(rank, world_size, name, "mlp", 64, 3, 0.1, 0.05, group=group)
+    elif name == "parameter_server":
+        out["run"] = ps.train_parameter_server(rank, world_size, "sync", 1, "mlp", 64, 3, 0.1, group=group)
+    elif name == "wavefront":
+        out["run"] = pl.lstm_wavefront(rank, world_size, 16, 6, 8, group=group)
+    else:
+        raise ValueError(name)
+    return out
+
+
+def mesh_report(rank, world_size, axes):
+    """What init_mesh says on this rank, and a sum over every axis's group."""
+    import torch
+
+    from parlab.torch.mesh import init_mesh
+    mesh = init_mesh(**axes)
+    report = {"coords": {a: mesh.coord(a) for a in mesh.axes}, "label": mesh.label(),
+              "ranks": {a: mesh.ranks(a) for a in mesh.axes},
+              "neighbors": {a: mesh.neighbors(a) for a in mesh.axes},
+              "sizes": {a: mesh.size(a) for a in mesh.axes}, "sums": {}}
+    for a in mesh.axes:
+        x = torch.tensor([float(rank)])
+        comm.all_reduce(x, group=mesh.group(a))
+        report["sums"][a] = float(x)
+    report["device_mesh"] = tuple(mesh.device_mesh.mesh.shape)
+    return report

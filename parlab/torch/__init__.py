@@ -1,4 +1,5 @@
-"""PyTorch side of parlab: the rank runtime, traced communication, and the lab workers.
+"""PyTorch side of parlab: the rank runtime, traced communication, the
+device mesh, and the strategies each lab runs on its ranks.
 
 Importing this package imports torch.
 """

@@ -1,6 +1,6 @@
 """Measure latency and bandwidth of point-to-point and collective operations.
 
-A worker for ``parlab.launch``: ``launch(sweep, 2, args=(sizes,))``. Every operation goes
+A rank function for ``parlab.launch``: ``launch(sweep, 2, kwargs=dict(sizes=sizes))``. Every operation goes
 through the traced communication layer, so the sweep also leaves a timeline.
 """
 from __future__ import annotations

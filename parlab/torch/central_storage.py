@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from ..trace import COMM, COMPUTE, recording
-from .data_parallel import _batches, build
-from .parameter_server import flat_gradients, flat_parameters, load_flat
+from . import training
+from .training import flat_gradients, flat_parameters, load_flat
 
 
 def replica_devices(n: int) -> tuple[list[torch.device], bool]:
@@ -50,11 +50,10 @@ def train_central_storage(replicas: int = 2, model: str = "mlp", global_batch: i
         raise ValueError(f"a global batch of {global_batch} does not split over {replicas} "
                          f"replicas: use a multiple of {replicas}")
     devices, simulated = replica_devices(replicas)
-    torch.manual_seed(seed)
-    central = flat_parameters(build(model))            # the only lasting copy
-    copies = [build(model).to(d) for d in devices]     # working memory for each replica
+    central = flat_parameters(training.build_model(model, seed=seed))  # the only lasting copy
+    copies = [training.build_model(model).to(d) for d in devices]      # each replica's working memory
     b = global_batch // replicas
-    batches = _batches(model, global_batch)
+    batches = training.digit_batches(model, global_batch)
     losses = []
     with recording() as rec:
         for _ in range(steps):
@@ -85,7 +84,7 @@ def train_central_storage(replicas: int = 2, model: str = "mlp", global_batch: i
     labels = {0: "central storage (host)"}
     labels.update({k + 1: f"replica {k} · {d}{' (simulated)' if simulated else ''}"
                    for k, d in enumerate(devices)})
-    final = build(model)
+    final = training.build_model(model)
     load_flat(final, central)
     return {"losses": losses, "timeline": rec.timeline(labels), "simulated": simulated,
-            "state": {k: v.detach().numpy().copy() for k, v in final.state_dict().items()}}
+            "state": training.state_numpy(final)}

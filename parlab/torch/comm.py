@@ -4,6 +4,11 @@ Each call runs the ``torch.distributed`` operation inside a communication span t
 carries the message size, so a timeline cannot drift from what the code did. Strategy
 modules call these, never ``torch.distributed`` directly.
 
+Every call takes ``group=``: None (every rank), a torch ProcessGroup (e.g. a line of a
+device mesh, ``mesh.group("tp")``) or a ``parlab.torch.groups.Group``. Peers (``dst``,
+``src``) are global ranks, as in ``torch.distributed``. The span records the mesh axis
+of the group, so a timeline can tell data-parallel bytes from tensor-parallel ones.
+
 ``bytes`` on a span is the size of the buffer this rank hands to the operation: the
 tensor sent or received, the tensor all-reduced or broadcast, this rank's contribution to
 an all-gather, and the full input of a reduce-scatter. How many bytes actually cross the
@@ -17,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ..trace import COMM, recorder, span
+from .groups import axis_of, pg_of
 
 __all__ = ["all_gather", "all_reduce", "all_reduce_async", "barrier", "broadcast", "get_rank",
            "get_world_size", "isend", "recv", "recv_any", "reduce_scatter", "send", "wait_all"]
@@ -38,17 +44,24 @@ def _reduce_op(op: str):
         raise ValueError(f"op must be one of {sorted(_OPS) + ['avg']}, got {op!r}") from None
 
 
+def _traced(name: str, tensor_bytes: int, group, peer: int | None = None, kind: str = COMM):
+    """The span around one operation: its size, its peer and its group's mesh axis."""
+    return span(name, kind, tensor_bytes, peer=peer, axis=axis_of(pg_of(group)))
+
+
 def get_rank(group=None) -> int:
-    return dist.get_rank(group)
+    """This rank's position in ``group`` (its global rank for the default group)."""
+    return dist.get_rank(pg_of(group))
 
 
 def get_world_size(group=None) -> int:
-    return dist.get_world_size(group)
+    """The number of ranks in ``group``."""
+    return dist.get_world_size(pg_of(group))
 
 
 def send(tensor: torch.Tensor, dst: int, *, group=None, tag: int = 0, name: str = "send") -> None:
-    with span(name, COMM, nbytes(tensor), peer=dst):
-        dist.send(tensor, dst, group=group, tag=tag)
+    with _traced(name, nbytes(tensor), group, peer=dst):
+        dist.send(tensor, dst, group=pg_of(group), tag=tag)
 
 
 def isend(tensor: torch.Tensor, dst: int, *, group=None, tag: int = 0, name: str = "isend"):
@@ -58,8 +71,8 @@ def isend(tensor: torch.Tensor, dst: int, *, group=None, tag: int = 0, name: str
     (and shows on the receiver's side). Keep ``tensor`` unchanged until it is waited for.
     Pipelines need this: two neighbours each blocking in a send to the other deadlock.
     """
-    with span(name, COMM, nbytes(tensor), peer=dst):
-        return dist.isend(tensor, dst, group=group, tag=tag)
+    with _traced(name, nbytes(tensor), group, peer=dst):
+        return dist.isend(tensor, dst, group=pg_of(group), tag=tag)
 
 
 def wait_all(works) -> None:
@@ -77,8 +90,8 @@ def recv(tensor: torch.Tensor, src: int, *, group=None, tag: int = 0,
     kind: ``WAIT`` for a message of a few bytes whose arrival is the point (a header, a
     go-ahead): its span is then time spent waiting for the peer, drawn as such.
     """
-    with span(name, kind, nbytes(tensor), peer=src):
-        dist.recv(tensor, src, group=group, tag=tag)
+    with _traced(name, nbytes(tensor), group, peer=src, kind=kind):
+        dist.recv(tensor, src, group=pg_of(group), tag=tag)
     return tensor
 
 
@@ -88,21 +101,24 @@ def recv_any(tensor: torch.Tensor, *, group=None, tag: int = 0, name: str = "rec
 
     An asynchronous parameter server needs this: it serves pushes in arrival order,
     whoever they come from. The span (peer unknown until it ends) includes the waiting.
+    The sender is returned as a global rank.
     """
     rec = recorder()
     start = time.perf_counter()
-    sender = dist.recv(tensor, None, group=group, tag=tag)
+    sender = dist.recv(tensor, None, group=pg_of(group), tag=tag)
     if rec.enabled:
-        rec.add(name, kind, start, time.perf_counter(), nbytes(tensor), peer=sender)
+        rec.add(name, kind, start, time.perf_counter(), nbytes(tensor), peer=sender,
+                axis=axis_of(pg_of(group)))
     return sender
 
 
-def all_reduce(tensor: torch.Tensor, op: str = "sum", *, group=None) -> torch.Tensor:
-    """Reduce ``tensor`` over all ranks in place (op: sum, avg, max, min, product)."""
-    with span("all_reduce", COMM, nbytes(tensor)):
-        dist.all_reduce(tensor, op=_reduce_op(op), group=group)
+def all_reduce(tensor: torch.Tensor, op: str = "sum", *, group=None,
+               name: str = "all_reduce") -> torch.Tensor:
+    """Reduce ``tensor`` over the group's ranks in place (op: sum, avg, max, min, product)."""
+    with _traced(name, nbytes(tensor), group):
+        dist.all_reduce(tensor, op=_reduce_op(op), group=pg_of(group))
         if op == "avg":
-            tensor /= dist.get_world_size(group)
+            tensor /= get_world_size(group)
     return tensor
 
 
@@ -116,50 +132,53 @@ def all_reduce_async(tensor: torch.Tensor, *, lane: int | None = None, group=Non
     once the collective's work has completed.
     """
     rec, start, size = recorder(), time.perf_counter(), nbytes(tensor)
-    work = dist.all_reduce(tensor, async_op=True, group=group)
+    axis = axis_of(pg_of(group))
+    work = dist.all_reduce(tensor, async_op=True, group=pg_of(group))
 
     def record(fut):
-        rec.add(name, COMM, start, time.perf_counter(), size, lane=lane)
+        rec.add(name, COMM, start, time.perf_counter(), size, lane=lane, axis=axis)
         return fut.value()
 
     return work.get_future().then(record)
 
 
-def all_gather(tensor: torch.Tensor, *, group=None) -> list[torch.Tensor]:
-    """Every rank's ``tensor``, in rank order, on every rank."""
-    out = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
-    with span("all_gather", COMM, nbytes(tensor)):
-        dist.all_gather(out, tensor.contiguous(), group=group)
+def all_gather(tensor: torch.Tensor, *, group=None, name: str = "all_gather") -> list[torch.Tensor]:
+    """Every group member's ``tensor``, in group order, on every member."""
+    out = [torch.empty_like(tensor) for _ in range(get_world_size(group))]
+    with _traced(name, nbytes(tensor), group):
+        dist.all_gather(out, tensor.contiguous(), group=pg_of(group))
     return out
 
 
-def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, group=None) -> torch.Tensor:
-    """Reduce ``tensor`` over ranks and keep this rank's slice along dim 0.
+def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, group=None,
+                   name: str = "reduce_scatter") -> torch.Tensor:
+    """Reduce ``tensor`` over the group and keep this member's slice along dim 0.
 
-    Rank r receives chunk r of the reduced tensor; dim 0 must divide by the world size.
+    Member i receives chunk i of the reduced tensor; dim 0 must divide by the group size.
     """
-    world_size = dist.get_world_size(group)
+    world_size = get_world_size(group)
     if tensor.shape[0] % world_size:
         raise ValueError(
             f"reduce_scatter splits dim 0 into {world_size} equal chunks, but it has "
             f"{tensor.shape[0]} rows: pad it to a multiple of {world_size}.")
     chunks = [c.contiguous() for c in tensor.chunk(world_size)]
     out = torch.empty_like(chunks[0])
-    with span("reduce_scatter", COMM, nbytes(tensor)):
-        dist.reduce_scatter(out, chunks, op=_reduce_op(op), group=group)
+    with _traced(name, nbytes(tensor), group):
+        dist.reduce_scatter(out, chunks, op=_reduce_op(op), group=pg_of(group))
         if op == "avg":
             out /= world_size
     return out
 
 
-def broadcast(tensor: torch.Tensor, src: int, *, group=None) -> torch.Tensor:
-    """Copy ``tensor`` from rank ``src`` to every rank, in place."""
-    with span("broadcast", COMM, nbytes(tensor), peer=src):
-        dist.broadcast(tensor, src, group=group)
+def broadcast(tensor: torch.Tensor, src: int, *, group=None,
+              name: str = "broadcast") -> torch.Tensor:
+    """Copy ``tensor`` from global rank ``src`` to every member of the group, in place."""
+    with _traced(name, nbytes(tensor), group, peer=src):
+        dist.broadcast(tensor, src, group=pg_of(group))
     return tensor
 
 
-def barrier(*, group=None) -> None:
-    """Wait until every rank arrives; recorded as a communication span of 0 bytes."""
-    with span("barrier", COMM, 0):
-        dist.barrier(group=group)
+def barrier(*, group=None, name: str = "barrier") -> None:
+    """Wait until every member arrives; recorded as a communication span of 0 bytes."""
+    with _traced(name, 0, group):
+        dist.barrier(group=pg_of(group))

@@ -1,5 +1,8 @@
 """Lab 06: parameters that live outside the workers.
 
+(In this module a *worker* is a role, as in the seeds: a rank that computes gradients
+for the servers. The function every rank runs is ``train_parameter_server``.)
+
 A **parameter server** holds the model's parameters (or a shard of them) and updates
 them; **workers** hold no state of their own between steps: each pulls the current
 parameters, computes a gradient on its own data and pushes it back. Ranks
@@ -33,8 +36,9 @@ from torch import nn
 
 from ..system import listening_addresses
 from ..trace import WAIT, recorder, span
-from . import comm
-from .data_parallel import _batches, build
+from . import comm, runtime, training
+from .groups import Group, as_group
+from .training import flat_gradients, flat_parameters, load_flat
 
 MODES = ("sync", "async")
 
@@ -43,15 +47,19 @@ _PUSH_GRADIENT, _PUSH_LEAVING = 0.0, 1.0
 
 
 # ------------------------------------------------------------------ roles and shards
-def roles(world_size: int, num_servers: int) -> tuple[list[int], list[int]]:
-    """(server ranks, worker ranks) for a launch of ``world_size`` processes."""
+def roles(world_size: int, num_servers: int, ranks=None) -> tuple[list[int], list[int]]:
+    """(server ranks, worker ranks) among ``ranks`` (default: 0 .. world_size - 1).
+
+    The first ``num_servers`` ranks of the group serve, the others are workers.
+    """
     if not isinstance(num_servers, int) or num_servers < 1:
         raise ValueError(f"num_servers must be a whole number >= 1, got {num_servers!r}")
     if world_size - num_servers < 1:
         raise ValueError(
             f"{world_size} processes leave no worker beside {num_servers} server(s): launch "
             f"at least {num_servers + 1} processes, or use fewer servers")
-    return list(range(num_servers)), list(range(num_servers, world_size))
+    ranks = list(range(world_size)) if ranks is None else list(ranks)
+    return ranks[:num_servers], ranks[num_servers:]
 
 
 def shard_bounds(numel: int, num_servers: int) -> list[tuple[int, int]]:
@@ -65,18 +73,6 @@ def shard_bounds(numel: int, num_servers: int) -> list[tuple[int, int]]:
         bounds.append((start, stop))
         start = stop
     return bounds
-
-
-def flat_parameters(model: nn.Module) -> torch.Tensor:
-    return torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
-
-
-def flat_gradients(model: nn.Module) -> torch.Tensor:
-    return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
-
-
-def load_flat(model: nn.Module, flat: torch.Tensor) -> None:
-    torch.nn.utils.vector_to_parameters(flat, model.parameters())
 
 
 # ------------------------------------------------------------------ update rules
@@ -95,7 +91,7 @@ def _now() -> float:
 
 
 # ------------------------------------------------------------------ server
-def _serve(rank: int, workers: list[int], mode: str, shard: torch.Tensor, total: int,
+def _serve(g: Group, workers: list[int], mode: str, shard: torch.Tensor, total: int,
            lr: float, update: Callable) -> dict:
     """Serve one shard until every worker has left; return what happened to it.
 
@@ -111,18 +107,18 @@ def _serve(rank: int, workers: list[int], mode: str, shard: torch.Tensor, total:
     def send_params(worker: int, stop: bool) -> None:
         header_out[0], header_out[1] = version, float(stop)
         read_version[worker] = version
-        comm.send(header_out, worker, name="send header")
-        comm.send(shard, worker, name="send params")
+        comm.send(header_out, worker, name="send header", group=g)
+        comm.send(shard, worker, name="send params", group=g)
 
     def receive_push(worker: int | None) -> tuple[int, bool]:
         """(sender, leaving?); worker None: whoever pushes first."""
         if worker is None:
-            worker = comm.recv_any(header_in, name="wait for push", kind=WAIT)
+            worker = comm.recv_any(header_in, name="wait for push", kind=WAIT, group=g)
         else:
-            comm.recv(header_in, worker, name="wait for push", kind=WAIT)
+            comm.recv(header_in, worker, name="wait for push", kind=WAIT, group=g)
         if header_in[0] == _PUSH_LEAVING:
             return worker, True
-        comm.recv(grad, worker, name="receive gradients")
+        comm.recv(grad, worker, name="receive gradients", group=g)
         return worker, False
 
     def record(worker: int) -> None:
@@ -159,16 +155,22 @@ def _serve(rank: int, workers: list[int], mode: str, shard: torch.Tensor, total:
                 update(shard, grad, lr, version - read_version[w])
             record(w)
             version += 1
-            send_params(w, stop=rank == 0 and len(applied) >= total)
+            send_params(w, stop=g.first and len(applied) >= total)
     return {"role": "server", "shard": shard.numpy().copy(), "applied": applied,
             "updates": version, "start": start, "end": _now(),
             "listening": listening_addresses()}    # gloo's sockets, pinned to the loopback
 
 
 # ------------------------------------------------------------------ worker
-def _work(rank: int, servers: list[int], bounds, model: nn.Module, batches, rows: slice,
+def _work(g: Group, servers: list[int], bounds, model: nn.Module, batches, rows: slice,
           slowdown: float) -> dict:
-    """Pull, compute, push until server 0 says stop; then say goodbye to every server."""
+    """Pull, compute, push until server 0 says stop; then say goodbye to every server.
+
+    The model computes on this rank's device; parameters and gradients travel through
+    host memory, where the servers keep them.
+    """
+    device = runtime.rank_device()
+    model.to(device)
     flat = torch.empty(bounds[-1][1])
     headers_in = [torch.empty(2) for _ in servers]
     headers_out = [torch.empty(2) for _ in servers]
@@ -177,8 +179,8 @@ def _work(rank: int, servers: list[int], bounds, model: nn.Module, batches, rows
     sends: list = []
     while True:
         for i, (a, b) in enumerate(bounds):              # shard i lives on servers[i]
-            comm.recv(headers_in[i], servers[i], name="wait for server", kind=WAIT)
-            comm.recv(flat[a:b], servers[i], name="pull params")
+            comm.recv(headers_in[i], servers[i], name="wait for server", kind=WAIT, group=g)
+            comm.recv(flat[a:b], servers[i], name="pull params", group=g)
         # The previous pushes are complete by now: a server replies only after receiving.
         # Waiting for them BEFORE these receives could deadlock with several servers: a
         # server blocked sending its reply to us while we wait for another server, itself
@@ -188,7 +190,7 @@ def _work(rank: int, servers: list[int], bounds, model: nn.Module, batches, rows
             break
         load_flat(model, flat)
         xb, yb = next(batches)
-        x, y = torch.as_tensor(xb[rows]), torch.as_tensor(yb[rows])
+        x, y = training.on_device(xb, yb, device, rows)
         t0 = time.perf_counter()
         with span("forward"):
             loss = loss_fn(model(x), y)
@@ -198,19 +200,20 @@ def _work(rank: int, servers: list[int], bounds, model: nn.Module, batches, rows
         if slowdown > 1:
             # Emulated slow device: idle for (slowdown - 1) times the real compute, so
             # this rank computes `slowdown` times slower without taking a core from others.
+            runtime.synchronize(device)
             with span("emulated slowdown"):
                 time.sleep((slowdown - 1) * (time.perf_counter() - t0))
-        grads = flat_gradients(model)
+        grads = flat_gradients(model).cpu()
         steps.append({"time": _now(), "loss": loss.item(), "read_version": int(headers_in[0][0])})
         sends = []
         for i, (a, b) in enumerate(bounds):
             headers_out[i][0], headers_out[i][1] = _PUSH_GRADIENT, loss.item()
-            sends.append(comm.isend(headers_out[i], servers[i], name="push header"))
-            sends.append(comm.isend(grads[a:b], servers[i], name="push gradients"))
+            sends.append(comm.isend(headers_out[i], servers[i], name="push header", group=g))
+            sends.append(comm.isend(grads[a:b], servers[i], name="push gradients", group=g))
     sends = []
     for i, server in enumerate(servers):
         headers_out[i][0] = _PUSH_LEAVING
-        sends.append(comm.isend(headers_out[i], server, name="leave"))
+        sends.append(comm.isend(headers_out[i], server, name="leave", group=g))
     comm.wait_all(sends)
     return {"role": "worker", "steps": steps, "slowdown": slowdown, "params": flat.numpy()}
 
@@ -219,19 +222,22 @@ def _work(rank: int, servers: list[int], bounds, model: nn.Module, batches, rows
 def train_parameter_server(rank: int, world_size: int, mode: str = "sync", num_servers: int = 1,
                            model: str = "mlp", global_batch: int = 128, steps: int = 10,
                            lr: float = 0.1, slow: dict | None = None, seed: int = 0,
-                           update: Callable = sgd_update) -> dict:
-    """Worker for ``parlab.launch``: ranks < num_servers serve, the others train.
+                           update: Callable = sgd_update, *, group=None) -> dict:
+    """Rank function: the group's first ``num_servers`` ranks serve, the others are workers.
+
+    group: the ranks of this parameter-server system (default: all).
 
     global_batch: each step's batch is cut into equal slices, one per worker (worker i
     takes slice i), as in data parallelism, so sync mode equals one device on the
     global batch. steps: sync: the number of updates; async: the server stops the
     workers after ``steps x workers`` gradients (the same amount of data).
-    slow: {rank: factor}, an emulated slowdown of those workers' computation.
+    slow: {global rank: factor}, an emulated slowdown of those workers' computation.
     update: the rule an async server applies to each push (see ``sgd_update``).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    servers, workers = roles(world_size, num_servers)
+    g = as_group(group)
+    servers, workers = roles(g.size, num_servers, g.ranks)
     if global_batch % len(workers):
         raise ValueError(f"a global batch of {global_batch} does not split over {len(workers)} "
                          f"workers: use a multiple of {len(workers)}")
@@ -240,17 +246,16 @@ def train_parameter_server(rank: int, world_size: int, mode: str = "sync", num_s
         if r not in workers or factor < 1:
             raise ValueError(f"slow={slow}: keys must be worker ranks {workers} and factors "
                              ">= 1 (3 means three times slower)")
-    torch.manual_seed(seed)             # every rank builds the same initial model
-    net = build(model)
+    net = training.build_model(model, seed=seed)  # every rank builds the same initial model
     bounds = shard_bounds(sum(p.numel() for p in net.parameters()), num_servers)
-    if rank in servers:
-        a, b = bounds[rank]
+    if g.rank in servers:
+        a, b = bounds[g.index]
         total = steps if mode == "sync" else steps * len(workers)
-        return _serve(rank, workers, mode, flat_parameters(net)[a:b].clone(), total, lr, update)
+        return _serve(g, workers, mode, flat_parameters(net)[a:b].clone(), total, lr, update)
     b = global_batch // len(workers)
-    i = workers.index(rank)
-    return _work(rank, servers, bounds, net, _batches(model, global_batch),
-                 slice(i * b, (i + 1) * b), slow.get(rank, 1.0))
+    i = workers.index(g.rank)
+    return _work(g, servers, bounds, net, training.digit_batches(model, global_batch),
+                 slice(i * b, (i + 1) * b), slow.get(g.rank, 1.0))
 
 
 # ------------------------------------------------------------------ reading the results
@@ -261,15 +266,15 @@ def assemble(results: list[dict]) -> np.ndarray:
 
 def state_dict(results: list[dict], model: str = "mlp") -> dict:
     """The trained parameters as a state dict of numpy arrays (for comparisons)."""
-    net = build(model)
+    net = training.build_model(model)
     load_flat(net, torch.as_tensor(assemble(results)))
-    return {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}
+    return training.state_numpy(net)
 
 
 def accuracy(results: list[dict], model: str = "mlp") -> float:
     """Test accuracy of the parameters the servers ended with."""
     from .. import data as datasets
-    net = build(model)
+    net = training.build_model(model)
     load_flat(net, torch.as_tensor(assemble(results)))
     x, y = datasets.digits("test", flat=model == "mlp")
     with torch.no_grad():
@@ -302,12 +307,11 @@ def train_with_delay(delay: int, steps: int = 200, batch: int = 32, lr: float = 
     from collections import deque
 
     from .. import data as datasets
-    torch.manual_seed(seed)
-    net = build(model)
+    net = training.build_model(model, seed=seed)
     x_all, y_all = (torch.as_tensor(a) for a in datasets.digits("train", flat=model == "mlp"))
     current = flat_parameters(net)
     past = deque([current.clone()], maxlen=delay + 1)
-    batches = _batches(model, batch)
+    batches = training.digit_batches(model, batch)
     losses = []
     for step in range(steps + 1):
         if step % every == 0:
@@ -323,61 +327,3 @@ def train_with_delay(delay: int, steps: int = 200, batch: int = 32, lr: float = 
         current = current - lr * flat_gradients(net)
         past.append(current.clone())
     return {"delay": delay, "steps": list(range(0, steps + 1, every)), "loss": losses}
-
-
-# ------------------------------------------------------------------ exercise
-def _rule_problem(fn) -> str | None:
-    """What is wrong with an update rule on small known tensors (None: nothing)."""
-    torch.manual_seed(1)
-    for staleness in (0, 3):
-        shard, grad = torch.randn(12), torch.randn(12)
-        before = shard.clone()
-        out = fn(shard, grad.clone(), 0.1, staleness)
-        want = before - 0.1 * grad
-        if torch.equal(shard, before):
-            if isinstance(out, torch.Tensor) and torch.allclose(out, want, atol=1e-6):
-                return ("it returns the new parameters but leaves `shard` unchanged: the server "
-                        "sends `shard` itself to the workers, so change it in place "
-                        "(`shard -= ...` or `shard.sub_(...)`).")
-            return "`shard` is unchanged after the call: apply the gradient to it, in place."
-        if not torch.allclose(shard, want, atol=1e-6):
-            hint = (" (the gradient was added: a descent step subtracts it)"
-                    if torch.allclose(shard, before + 0.1 * grad, atol=1e-6) else "")
-            return (f"with lr 0.1 and staleness {staleness}, `shard` should become "
-                    f"shard - lr * grad, applied as the push arrives{hint}.")
-    return None
-
-
-def _train_with_rule(rank: int, world_size: int, rule: Callable, steps: int = 40) -> dict:
-    return train_parameter_server(rank, world_size, "async", 1, "mlp", 64, steps, 0.2, None, 0, rule)
-
-
-def check_update_rule(fn, steps: int = 40) -> Callable:
-    """Check the learner's asynchronous update rule, then train with it on real ranks.
-
-    Returns the rule the rest of the lab uses: the learner's when it is right, otherwise
-    ``sgd_update`` (and it says why).
-    """
-    import functools
-
-    from ..exercises import run_on_ranks
-    try:
-        problem = _rule_problem(fn)
-    except NotImplementedError:
-        print("[async_update] not attempted yet: the lab goes on with the reference rule.")
-        return sgd_update
-    except Exception as exc:  # noqa: BLE001 - reported to the learner in words
-        problem = f"it raised {type(exc).__name__}: {exc}"
-    if problem:
-        print(f"[async_update] not yet right: {problem}\nThe lab goes on with the reference rule.")
-        return sgd_update
-    results = run_on_ranks("async_update", functools.partial(_train_with_rule, steps=steps), fn, 3)
-    if results is None:
-        return sgd_update
-    applied = results[0]["applied"]
-    first = np.mean([a["loss"] for a in applied[:10]])
-    last = np.mean([a["loss"] for a in applied[-10:]])
-    print(f"[async_update] correct. An asynchronous server with your rule applied "
-          f"{len(applied)} pushes from 2 workers: loss {first:.2f} -> {last:.2f}, test accuracy "
-          f"{accuracy(results):.0%}.")
-    return fn

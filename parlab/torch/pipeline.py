@@ -16,7 +16,8 @@ from .. import data as datasets
 from .. import schedules
 from ..splitting import SplitConfig, balance
 from ..trace import span
-from . import comm, memory, split
+from . import comm, memory, runtime, split, training
+from .groups import as_group
 
 # ------------------------------------------------------------------ configuration
 
@@ -44,100 +45,113 @@ def prepare(cfg: SplitConfig, stages: int, micro_batches: int, schedule="1f1b"):
     return replace(cfg, bounds=stage_bounds(cfg, stages)), [[tuple(op) for op in s] for s in ops]
 
 
-def launch_pipeline(cfg: SplitConfig, stages: int, micro_batches: int, schedule="1f1b",
-                    timeout: float = 120.0, devices=None):
-    """Validate, then run ``train_pipeline`` on ``stages`` ranks (see ``parlab.launch``)."""
-    from ..launcher import launch
-    cfg, ops = prepare(cfg, stages, micro_batches, schedule)
-    return launch(train_pipeline, stages, args=(cfg, micro_batches, ops), timeout=timeout,
-                  devices=devices)
-
-
 # ------------------------------------------------------------------ the executor
-def train_pipeline(rank: int, world_size: int, cfg: SplitConfig, micro_batches: int, ops) -> dict:
-    """Worker: stage ``rank`` runs its list of F/B operations for every step.
+def train_pipeline(rank: int, world_size: int, cfg: SplitConfig, micro_batches: int, ops,
+                   *, group=None, batches=None, before_update=None) -> dict:
+    """Rank function: one stage runs its list of F/B operations for every step.
 
-    The loss of micro-batch i is divided by m, so the accumulated gradients equal those
-    of the whole batch; the optimizer steps once per batch, after every backward (a
-    "flush"), exactly like the single-device reference.
+    Stage i is the group's i-th rank (default group: all ranks). The loss of micro-batch
+    j is divided by m, so the accumulated gradients equal those of the whole batch; the
+    optimizer steps once per batch, after every backward (a "flush"), exactly like the
+    single-device reference.
+
+    Hooks for a pipeline that is one replica of a hybrid (lab 07, ``parlab.torch.hybrid``):
+    batches: the (x, y) numpy batches this pipeline trains on, of ``cfg.batch_size`` rows
+        (default: the course's digits); a replica passes its rows of each global batch.
+    before_update: called as ``before_update(stage_module)`` after the step's schedule,
+        before the optimizer step; a replica averages its gradients over data parallel.
     """
+    g = as_group(group)
+    stage, device = g.index, runtime.rank_device()
     model = split.build(cfg)
     edges = [0, *cfg.bounds, len(model)]
-    first, last = rank == 0, rank == world_size - 1
-    with torch.no_grad():  # boundary shapes of one micro-batch
-        shapes, a = [], torch.zeros(split.input_shape(cfg)[0] // micro_batches, *split.input_shape(cfg)[1:])
-        for m in model:
-            shapes.append(tuple(a.shape))
-            a = m(a)
-    part = model[edges[rank]:edges[rank + 1]]
+    if len(edges) - 1 != g.size:
+        raise ValueError(f"the config cuts the model into {len(edges) - 1} stages but the "
+                         f"group has {g.size} ranks: prepare it with stages={g.size}")
+    shape = split.input_shape(cfg)
+    shapes = training.boundary_shapes(model, (shape[0] // micro_batches, *shape[1:]))
+    part = model[edges[stage]:edges[stage + 1]].to(device)
     del model
     params = list(part.parameters())
-    opt = split._optimizer(cfg, params) if params else None
+    opt = training.make_optimizer(cfg.optimizer, params, cfg.lr) if params else None
     loss_fn = nn.CrossEntropyLoss()
-    batches = split._batches(cfg)
+    if batches is None:
+        batches = training.digit_batches(cfg.model, cfg.batch_size)
     out = {"losses": [], "peak_micro_batches": 0, "peak_activation_bytes": 0}
     for step in range(cfg.steps):
         xb, yb = next(batches)
-        xs = torch.as_tensor(xb).chunk(micro_batches)
-        ys = torch.as_tensor(yb).chunk(micro_batches)
+        x, y = training.on_device(xb, yb, device)
+        xs, ys = x.chunk(micro_batches), y.chunk(micro_batches)
         inputs, outputs, saved_bytes, sends = {}, {}, {}, []
         live = step_loss = 0.0
         live_bytes = 0
         if opt:
             opt.zero_grad()
-        for kind, i in ops[rank]:
+        for kind, i in ops[stage]:
             if kind == "F":
-                if first:
+                if g.first:
                     x_in = xs[i]
                 else:
-                    x_in = comm.recv(torch.empty(shapes[edges[rank]]), src=rank - 1)
+                    x_in = comm.recv(torch.empty(shapes[edges[stage]], device=device),
+                                     src=g.prev, group=g)
                     x_in.requires_grad_(True)
                 counter = memory.saved_tensor_counter(part)
                 with span(f"F{i}"), counter:
-                    y = part(x_in)
-                    if last:
-                        y = loss_fn(y, ys[i]) / micro_batches
-                if not last:
-                    sends.append(comm.isend(y.detach(), rank + 1))
-                inputs[i], outputs[i], saved_bytes[i] = x_in, y, counter.bytes
+                    y_out = part(x_in)
+                    if g.last:
+                        y_out = loss_fn(y_out, ys[i]) / micro_batches
+                if not g.last:
+                    sends.append(comm.isend(y_out.detach(), g.next, group=g))
+                inputs[i], outputs[i], saved_bytes[i] = x_in, y_out, counter.bytes
                 live += 1
                 live_bytes += counter.bytes
                 out["peak_micro_batches"] = max(out["peak_micro_batches"], int(live))
                 out["peak_activation_bytes"] = max(out["peak_activation_bytes"], live_bytes)
             else:
-                grad = None if last else comm.recv(torch.empty_like(outputs[i]), src=rank + 1)
+                grad = None if g.last else comm.recv(torch.empty_like(outputs[i]), src=g.next,
+                                                     group=g)
                 with span(f"B{i}"):
                     outputs[i].backward(grad)
-                if last:
+                if g.last:
                     step_loss += outputs[i].item()
-                if not first:
-                    sends.append(comm.isend(inputs[i].grad, rank - 1))
+                if not g.first:
+                    sends.append(comm.isend(inputs[i].grad, g.prev, group=g))
                 del outputs[i]
                 live -= 1
                 live_bytes -= saved_bytes.pop(i)
         comm.wait_all(sends)  # the tensors sent must stay alive until delivered
         inputs.clear()
+        if before_update is not None:
+            before_update(part)
         if opt:
             with span("update"):
                 opt.step()
         if step == 0:
-            out["first_grads"] = {n: p.grad.numpy().copy() for n, p in part.named_parameters()}
-        if last:
+            out["first_grads"] = training.grads_numpy(part)
+        if g.last:
             out["losses"].append(step_loss)
-    out["state"] = split._state(part)
+    out["state"] = training.state_numpy(part)
     return out
 
 
-def measured_bubble(timeline, stages: int, micro_batches: int, skip_steps: int = 1) -> float:
+def _fb_spans(timeline, stages: int, ranks) -> dict[int, list]:
+    """Each stage's F and B spans; the stages are ``ranks`` (default: 0 .. stages-1)."""
+    ranks = list(range(stages)) if ranks is None else list(ranks)
+    return {r: [s for s in timeline if s.rank == r and s.name[:1] in "FB"
+                and s.name[1:].isdigit()] for r in ranks}
+
+
+def measured_bubble(timeline, stages: int, micro_batches: int, skip_steps: int = 1,
+                    ranks=None) -> float:
     """Idle share of the F/B part of each step, averaged over stages and steps.
 
     A step's window runs from its first F to its last B over all stages; a stage's busy
     time is its F and B spans inside it. Communication and waiting count as idle, as in
-    the formula's model.
+    the formula's model. ranks: the stages' global ranks, for a pipeline on a sub-group.
     """
-    per_rank = {r: [s for s in timeline if s.rank == r and s.name[:1] in "FB"
-                    and s.name[1:].isdigit()] for r in range(stages)}
-    n_steps = len(per_rank[0]) // (2 * micro_batches)
+    per_rank = _fb_spans(timeline, stages, ranks)
+    first = next(iter(per_rank))
+    n_steps = len(per_rank[first]) // (2 * micro_batches)
     shares = []
     for k in range(skip_steps, n_steps):
         chunk = {r: spans[2 * micro_batches * k: 2 * micro_batches * (k + 1)]
@@ -149,11 +163,11 @@ def measured_bubble(timeline, stages: int, micro_batches: int, skip_steps: int =
     return float(np.mean(shares))
 
 
-def step_windows(timeline, stages: int, micro_batches: int) -> list[tuple[float, float]]:
+def step_windows(timeline, stages: int, micro_batches: int,
+                 ranks=None) -> list[tuple[float, float]]:
     """(start, end) of the F/B part of every step, for cutting the timeline."""
-    spans0 = [s for s in timeline if s.name[:1] in "FB" and s.name[1:].isdigit()]
-    per_rank = {r: [s for s in spans0 if s.rank == r] for r in range(stages)}
-    n = len(per_rank[0]) // (2 * micro_batches)
+    per_rank = _fb_spans(timeline, stages, ranks)
+    n = len(next(iter(per_rank.values()))) // (2 * micro_batches)
     out = []
     for k in range(n):
         chunk = [s for r in per_rank for s in per_rank[r][2 * micro_batches * k: 2 * micro_batches * (k + 1)]]
@@ -163,30 +177,30 @@ def step_windows(timeline, stages: int, micro_batches: int) -> list[tuple[float,
 
 # ------------------------------------------------------------------ the library way
 def library_step(rank: int, world_size: int, cfg: SplitConfig, micro_batches: int,
-                 schedule: str = "1f1b") -> dict:
-    """Worker: one step with ``torch.distributed.pipelining`` on the same stages."""
+                 schedule: str = "1f1b", *, group=None) -> dict:
+    """Rank function: one step with ``torch.distributed.pipelining`` on the same stages."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-    model = split.build(cfg)
+    g, device = as_group(group), runtime.rank_device()
+    model = split.build(cfg).to(device)
     edges = [0, *cfg.bounds, len(model)]
-    part = model[edges[rank]:edges[rank + 1]]
-    x, y = next(split._batches(cfg))
-    x, y = torch.as_tensor(x), torch.as_tensor(y)
+    part = model[edges[g.index]:edges[g.index + 1]]
+    x, y = training.on_device(*next(training.digit_batches(cfg.model, cfg.batch_size)), device)
     with torch.no_grad():
         example = x[: cfg.batch_size // micro_batches]
-        for m in model[:edges[rank]]:
+        for m in model[:edges[g.index]]:
             example = m(example)
-    stage = PipelineStage(part, rank, world_size, torch.device("cpu"), input_args=(example,))
+    stage = PipelineStage(part, g.index, g.size, device, input_args=(example,), group=g.pg)
     kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
     sched = kind(stage, micro_batches, loss_fn=nn.CrossEntropyLoss())  # scales grads by 1/m
     with span(f"library {schedule} step"):
-        if rank == 0:
+        if g.first:
             sched.step(x)
-        elif rank == world_size - 1:
+        elif g.last:
             sched.step(target=y)
         else:
             sched.step()
-    grads = {n: p.grad.numpy().copy() for n, p in part.named_parameters()}
+    grads = training.grads_numpy(part)
     del sched, stage, model, part
     return {"grads": grads}
 
@@ -198,28 +212,31 @@ def lstm_cells(layers: int, hidden: int, inputs: int = 1, seed: int = 0) -> nn.M
 
 
 def lstm_wavefront(rank: int, world_size: int, hidden: int = 64, length: int = 32,
-                   batch: int = 64) -> dict:
-    """Worker: layer ``rank`` of an LSTM stack, driven one time step at a time.
+                   batch: int = 64, *, group=None) -> dict:
+    """Rank function: one layer of an LSTM stack, driven one time step at a time.
 
-    Layer k computes step t as soon as layer k-1 has sent its output for step t, so at
-    time t layer k works on step t-k: the wavefront. Forward pass only.
+    Layer k (the group's k-th rank) computes step t as soon as layer k-1 has sent its
+    output for step t, so at time t layer k works on step t-k: the wavefront. Forward
+    pass only.
     """
-    cell = lstm_cells(world_size, hidden)[rank]
+    g, device = as_group(group), runtime.rank_device()
+    cell = lstm_cells(g.size, hidden)[g.index].to(device)
     x, _ = datasets.waves(batch, length, seed=0)
-    x = torch.as_tensor(x)
-    h = c = torch.zeros(batch, hidden)
+    x = torch.as_tensor(x).to(device)
+    h = c = torch.zeros(batch, hidden, device=device)
     sends = []
     with torch.no_grad():
-        cell(torch.zeros(batch, cell.input_size), (h, c))  # first call initialises: not drawn
-        comm.barrier()
+        cell(torch.zeros(batch, cell.input_size, device=device), (h, c))  # first call initialises: not drawn
+        comm.barrier(group=g)
         for t in range(length):
-            inp = x[:, t] if rank == 0 else comm.recv(torch.empty(batch, hidden), src=rank - 1)
+            inp = x[:, t] if g.first else comm.recv(torch.empty(batch, hidden, device=device),
+                                                    src=g.prev, group=g)
             with span(f"t{t}"):
                 h, c = cell(inp, (h, c))
-            if rank < world_size - 1:
-                sends.append(comm.isend(h, rank + 1))
+            if not g.last:
+                sends.append(comm.isend(h, g.next, group=g))
         comm.wait_all(sends)
-    return {"h": h.numpy().copy() if rank == world_size - 1 else None}
+    return {"h": training.to_numpy(h) if g.last else None}
 
 
 def lstm_single_device(layers: int, hidden: int = 64, length: int = 32, batch: int = 64,

@@ -1,8 +1,8 @@
-"""What a PyTorch rank sets up before a worker runs, and tears down after.
+"""What a PyTorch rank sets up before its rank function runs, and tears down after.
 
 The same setup serves ``parlab.launch`` (a store hosted by the launching process) and
-``torchrun`` (a process group described by environment variables), so one worker runs
-unchanged under both.
+``torchrun`` (a process group described by environment variables), so one rank function
+runs unchanged under both.
 """
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def init_rank(rank: int, world_size: int, *, backend: str, device_kind: str,
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
     timeout = timedelta(seconds=timeout_s)
     if backend == "nccl":
-        # NCCL carries only CUDA tensors; a worker that keeps some tensors on the CPU
+        # NCCL carries only CUDA tensors; a rank function that keeps some tensors on the CPU
         # (most of the course's do, to run anywhere) sends those through gloo.
         backend = "cpu:gloo,cuda:nccl"
     if master_port is not None:
@@ -200,3 +200,18 @@ def threads_for(simulated: bool, world_size: int) -> int:
         return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cores // world_size)
+
+
+def synchronize(device=None) -> None:
+    """Wait for this rank's GPU work to finish, so a host clock read after it is honest.
+
+    CUDA kernels run asynchronously: a host timer around a launch measures the launch.
+    On the CPU there is nothing to wait for.
+    """
+    if device is None:
+        if not dist.is_initialized():
+            return
+        device = rank_device()
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -13,6 +13,7 @@ from torch import nn
 
 from .. import data as datasets
 from ..trace import Timeline, recording, span
+from . import training
 
 
 def _sync(device) -> None:
@@ -117,4 +118,27 @@ def throughput(make_model, x: np.ndarray, y: np.ndarray, batch_sizes, *, steps: 
                 times.append(time.perf_counter() - t0)
         step = float(np.median(times))
         out.append({"batch_size": bs, "step_s": step, "samples_per_s": bs / step})
+    return out
+
+
+def train_reference(cfg) -> dict:
+    """The single-device run that splits, pipelines and slices are compared with.
+
+    cfg: a ``parlab.splitting.SplitConfig`` (model, batch size, steps, optimizer, seed).
+    """
+    model = training.model_from_config(cfg)
+    opt = training.make_optimizer(cfg.optimizer, model.parameters(), cfg.lr)
+    loss_fn = nn.CrossEntropyLoss()
+    out = {"losses": []}
+    for step, (xb, yb) in zip(range(cfg.steps), training.digit_batches(cfg.model, cfg.batch_size)):
+        opt.zero_grad()
+        logits = model(torch.as_tensor(xb))
+        loss = loss_fn(logits, torch.as_tensor(yb))
+        loss.backward()
+        if step == 0:
+            out["first_logits"] = training.to_numpy(logits)
+            out["first_grads"] = training.grads_numpy(model)
+        opt.step()
+        out["losses"].append(loss.item())
+    out["state"] = training.state_numpy(model)
     return out

@@ -5,6 +5,9 @@ process can place each segment with ``.to("cuda:k")`` (``PlacedSequential``). On
 devices each segment lives on its own rank, and activations (forward) and their gradients
 (backward) travel between neighbouring ranks with traced send/recv (``train_split``).
 Either way only one device works at a time: stage k needs stage k-1's output.
+
+``train_split`` runs on the ranks of ``group`` (default: all), stage i on the group's
+i-th rank, so the same split can be one line of a larger mesh.
 """
 from __future__ import annotations
 
@@ -15,10 +18,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from .. import data as datasets
 from ..splitting import SplitConfig, balance, check_bounds
 from ..trace import span
-from . import comm, memory, models, runtime
+from . import comm, memory, runtime, training
+from .groups import as_group
+from .single import train_reference  # noqa: F401 - lab 02 compares every split with it
+
+
+def input_shape(cfg: SplitConfig) -> tuple:
+    """Shape of one batch of ``cfg``'s data."""
+    return training.input_shape(cfg.model, cfg.batch_size, cfg.sizes)
+
 
 def param_costs(model: nn.Sequential) -> list[int]:
     return [sum(p.numel() for p in m.parameters()) for m in model]
@@ -44,6 +54,8 @@ def layer_times(model: nn.Sequential, x: torch.Tensor, repeats: int = 7) -> list
             out = m(a)
             if out.requires_grad:
                 out.backward(torch.ones_like(out))
+            if out.is_cuda:
+                torch.cuda.synchronize(out.device)   # time the kernels, not their launch
             samples.append(time.perf_counter() - t0)
         times.append(float(np.median(samples[1:])))
     return times
@@ -76,123 +88,74 @@ class PlacedSequential(nn.Module):
 
 # ----------------------------------------------------------------------------- training
 def build(cfg: SplitConfig) -> nn.Sequential:
-    torch.manual_seed(cfg.seed)  # every rank builds the same model, then keeps its part
-    if cfg.model == "mlp":
-        return models.mlp(cfg.sizes)
-    return models.cnn(cfg.width) if cfg.model == "cnn" else models.conv_stack(cfg.width)
+    """The whole model of ``cfg``: every rank builds the same one, then keeps its part."""
+    return training.model_from_config(cfg)
 
 
-def input_shape(cfg: SplitConfig) -> tuple:
-    return (cfg.batch_size, cfg.sizes[0]) if cfg.model == "mlp" else (cfg.batch_size, 1, 8, 8)
+def train_split(rank: int, world_size: int, cfg: SplitConfig, *, group=None) -> dict:
+    """Rank function: one stage of the split model, trained for ``cfg.steps`` steps.
 
-
-def _optimizer(cfg, params):
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr)
-    if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr)
-    raise ValueError(f"optimizer must be 'sgd' or 'adam', got {cfg.optimizer!r}")
-
-
-def _batches(cfg):
-    x, y = datasets.digits("train", flat=cfg.model == "mlp")
-    return datasets.endless_batches(x, y, cfg.batch_size)
-
-
-def _state(module) -> dict:
-    return {k: v.detach().cpu().numpy().copy() for k, v in module.state_dict().items()}
-
-
-def train_reference(cfg: SplitConfig) -> dict:
-    """The single-device run every split is compared with."""
-    model = build(cfg)
-    opt = _optimizer(cfg, model.parameters())
-    loss_fn = nn.CrossEntropyLoss()
-    out = {"losses": []}
-    for step, (xb, yb) in zip(range(cfg.steps), _batches(cfg)):
-        opt.zero_grad()
-        logits = model(torch.as_tensor(xb))
-        loss = loss_fn(logits, torch.as_tensor(yb))
-        loss.backward()
-        if step == 0:
-            out["first_logits"] = logits.detach().numpy().copy()
-            out["first_grads"] = {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
-        opt.step()
-        out["losses"].append(loss.item())
-    out["state"] = _state(model)
-    return out
-
-
-def train_split(rank: int, world_size: int, cfg: SplitConfig) -> dict:
-    """Worker: stage ``rank`` of the split model, trained for ``cfg.steps`` steps.
-
-    Forward: receive the activation from rank-1, run the segment, send to rank+1. The
-    last rank computes the loss; backward runs in reverse, each rank sending the gradient
-    of its input to rank-1. Each rank updates only its own parameters.
+    Stage i of the group's n ranks holds segment i. Forward: receive the activation from
+    the previous stage, run the segment, send to the next. The last stage computes the
+    loss; backward runs in reverse, each stage sending the gradient of its input back.
+    Each stage updates only its own parameters.
     """
+    g = as_group(group)
     model = build(cfg)
-    bounds = check_bounds(cfg.bounds, len(model), world_size)
+    bounds = check_bounds(cfg.bounds, len(model), g.size)
     edges = [0, *bounds, len(model)]
-    first, last = rank == 0, rank == world_size - 1
+    stage = g.index
     device = runtime.rank_device()
-    # Shapes at every boundary, from a dry run of the whole model (cheap, and every rank
-    # can allocate its receive buffers without asking).
-    with torch.no_grad():
-        shapes, a = [], torch.zeros(input_shape(cfg))
-        for m in model:
-            shapes.append(tuple(a.shape))
-            a = m(a)
-    part = model[edges[rank]:edges[rank + 1]].to(device)
+    shapes = training.boundary_shapes(model, input_shape(cfg))
+    part = model[edges[stage]:edges[stage + 1]].to(device)
     del model
     params = list(part.parameters())
-    opt = _optimizer(cfg, params) if params else None  # a stage may hold only a ReLU
+    opt = training.make_optimizer(cfg.optimizer, params, cfg.lr) if params else None  # a stage may hold only a ReLU
     loss_fn = nn.CrossEntropyLoss()
     saved = memory.saved_tensor_counter(part)
 
-    out = {"rank": rank, "losses": [], "layers": (edges[rank], edges[rank + 1])}
-    for step, (xb, yb) in zip(range(cfg.steps), _batches(cfg)):
-        if first:
+    out = {"rank": rank, "stage": stage, "losses": [], "layers": (edges[stage], edges[stage + 1])}
+    for step, (xb, yb) in zip(range(cfg.steps), training.digit_batches(cfg.model, cfg.batch_size)):
+        if g.first:
             with span("data"):
-                x_in = torch.as_tensor(xb, device=device)
-        if not first:
-            x_in = comm.recv(torch.empty(shapes[edges[rank]], device=device), src=rank - 1)
+                x_in = torch.as_tensor(xb).to(device)
+        else:
+            x_in = comm.recv(torch.empty(shapes[edges[stage]], device=device), src=g.prev,
+                             group=g)
             x_in.requires_grad_(True)
         with span("forward"):
             if opt:
                 opt.zero_grad()
             with saved if step == 0 else contextlib.nullcontext():
                 y_out = part(x_in)
-                if last:
-                    loss = loss_fn(y_out, torch.as_tensor(yb, device=device))
-        if not last:
-            comm.send(y_out.detach(), dst=rank + 1)
-            grad_out = comm.recv(torch.empty_like(y_out), src=rank + 1)
+                if g.last:
+                    loss = loss_fn(y_out, torch.as_tensor(yb).to(device))
+        if not g.last:
+            comm.send(y_out.detach(), dst=g.next, group=g)
+            grad_out = comm.recv(torch.empty_like(y_out), src=g.next, group=g)
         with span("backward"):
-            if last:
+            if g.last:
                 loss.backward()
             else:
                 y_out.backward(grad_out)
-        if not first:
-            comm.send(x_in.grad, dst=rank - 1)
+        if not g.first:
+            comm.send(x_in.grad, dst=g.prev, group=g)
         if step == 0:
-            if last:
-                out["first_logits"] = y_out.detach().cpu().numpy().copy()
+            if g.last:
+                out["first_logits"] = training.to_numpy(y_out)
             # a slice of nn.Sequential keeps the whole model's keys ("4.weight")
-            out["first_grads"] = {n: p.grad.cpu().numpy().copy()
-                                  for n, p in part.named_parameters()}
+            out["first_grads"] = training.grads_numpy(part)
             out["memory"] = {
-                "parameters": sum(p.numel() * p.element_size() for p in part.parameters()),
-                "gradients": sum(p.grad.numel() * p.grad.element_size() for p in part.parameters()),
+                "parameters": training.tensor_bytes(part.parameters()),
+                "gradients": training.tensor_bytes(p.grad for p in part.parameters()),
                 "activations": saved.bytes}
         if opt:
             with span("update"):
                 opt.step()
-        if last:
+        if g.last:
             out["losses"].append(loss.item())
-    out["state"] = _state(part)
-    opt_state = [v for s in (opt.state.values() if opt else ()) for v in s.values()
-                 if isinstance(v, torch.Tensor) and v.numel() > 1]
-    out["memory"]["optimizer state"] = sum(t.numel() * t.element_size() for t in opt_state)
+    out["state"] = training.state_numpy(part)
+    out["memory"]["optimizer state"] = training.optimizer_state_bytes(opt)
     return out
 
 

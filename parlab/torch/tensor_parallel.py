@@ -15,17 +15,19 @@ output slice is exactly the row layer's input slice, so the pair needs a single
 all-reduce in the forward pass (operator g) and one in the backward pass (operator f).
 
 All communication goes through ``parlab.torch.comm``, in the backward pass too, so the
-timeline shows every exchange.
+timeline shows every exchange. Every layer and rank function takes ``group=``, the ranks
+that share the layer (default: all), so tensor parallelism can run inside each line of a
+device mesh while another strategy runs across lines.
 """
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from ..trace import span
-from . import comm, models
+from . import comm, models, runtime, training
+from .groups import Group, as_group
 
 
 def _split_size(n: int, world_size: int, what: str) -> int:
@@ -42,66 +44,80 @@ class _CopyToParallel(torch.autograd.Function):
     """f: identity forward; all-reduce of the input's gradient backward."""
 
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, group):
+        ctx.group = group
         return x
 
     @staticmethod
     def backward(ctx, grad):
-        return comm.all_reduce(grad.contiguous())
+        return comm.all_reduce(grad.contiguous(), group=ctx.group), None
 
 
 class _ReduceFromParallel(torch.autograd.Function):
     """g: all-reduce forward (add the partial sums); identity backward."""
 
     @staticmethod
-    def forward(ctx, x):
-        return comm.all_reduce(x.contiguous())
+    def forward(ctx, x, group):
+        return comm.all_reduce(x.contiguous(), group=group)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad
+        return grad, None
 
 
 class _GatherFromParallel(torch.autograd.Function):
     """All-gather slices along the last dim forward; keep this rank's slice backward."""
 
     @staticmethod
-    def forward(ctx, x):
-        ctx.rank, ctx.width = dist.get_rank(), x.shape[-1]
-        return torch.cat(comm.all_gather(x.contiguous()), dim=-1)
+    def forward(ctx, x, group):
+        ctx.index, ctx.width = group.index, x.shape[-1]
+        return torch.cat(comm.all_gather(x.contiguous(), group=group), dim=-1)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad[..., ctx.rank * ctx.width:(ctx.rank + 1) * ctx.width].contiguous()
+        return grad[..., ctx.index * ctx.width:(ctx.index + 1) * ctx.width].contiguous(), None
 
 
-def copy_to_parallel(x):
-    return _CopyToParallel.apply(x)
+def copy_to_parallel(x, group=None):
+    return _CopyToParallel.apply(x, as_group(group))
 
 
-def reduce_from_parallel(x):
-    return _ReduceFromParallel.apply(x)
+def reduce_from_parallel(x, group=None):
+    return _ReduceFromParallel.apply(x, as_group(group))
 
 
-def gather_from_parallel(x):
-    return _GatherFromParallel.apply(x)
+def gather_from_parallel(x, group=None):
+    return _GatherFromParallel.apply(x, as_group(group))
+
+
+def layout(world_size: int, index: int = 0) -> Group:
+    """A group described without any process: position ``index`` of ``world_size``.
+
+    For building sliced layers outside a launch (to list their shapes); running them
+    needs a real group.
+    """
+    return Group(None, tuple(range(world_size)), index)
 
 
 # ------------------------------------------------------------------ layers
 class ColumnParallelLinear(nn.Module):
-    """This rank's out/n output units of ``full``; optionally gather the full output."""
+    """This rank's out/n output units of ``full``; optionally gather the full output.
 
-    def __init__(self, full: nn.Linear, rank: int, world_size: int, gather_output: bool = False):
+    group: the ranks sharing the layer (default: all); this rank keeps slice ``index``.
+    """
+
+    def __init__(self, full: nn.Linear, group=None, *, gather_output: bool = False):
         super().__init__()
-        part = _split_size(full.out_features, world_size, "the layer's output")
-        rows = slice(rank * part, (rank + 1) * part)
+        self.group = as_group(group)
+        part = _split_size(full.out_features, self.group.size, "the layer's output")
+        rows = slice(self.group.index * part, (self.group.index + 1) * part)
         self.weight = nn.Parameter(full.weight.detach()[rows].clone())
         self.bias = nn.Parameter(full.bias.detach()[rows].clone()) if full.bias is not None else None
         self.gather_output = gather_output
 
     def forward(self, x):
-        y = F.linear(copy_to_parallel(x), self.weight, self.bias)
-        return gather_from_parallel(y) if self.gather_output else y
+        y = F.linear(copy_to_parallel(x, self.group), self.weight, self.bias)
+        return gather_from_parallel(y, self.group) if self.gather_output else y
 
 
 class RowParallelLinear(nn.Module):
@@ -111,22 +127,23 @@ class RowParallelLinear(nn.Module):
     The bias is added once, after the sum.
     """
 
-    def __init__(self, full: nn.Linear, rank: int, world_size: int):
+    def __init__(self, full: nn.Linear, group=None):
         super().__init__()
-        part = _split_size(full.in_features, world_size, "the layer's input")
-        cols = slice(rank * part, (rank + 1) * part)
+        self.group = as_group(group)
+        part = _split_size(full.in_features, self.group.size, "the layer's input")
+        cols = slice(self.group.index * part, (self.group.index + 1) * part)
         self.weight = nn.Parameter(full.weight.detach()[:, cols].clone())
         self.bias = nn.Parameter(full.bias.detach().clone()) if full.bias is not None else None
 
     def forward(self, x_slice):
-        y = reduce_from_parallel(F.linear(x_slice, self.weight))
+        y = reduce_from_parallel(F.linear(x_slice, self.weight), self.group)
         return y + self.bias if self.bias is not None else y
 
 
-def row_parallel_forward(x_slice, weight_slice, bias):
+def row_parallel_forward(x_slice, weight_slice, bias, group=None):
     """The row-parallel forward written out (the reference for exercise 3.1)."""
     partial = x_slice @ weight_slice.T       # this rank's share of every output unit
-    comm.all_reduce(partial)                 # add the shares of all ranks
+    comm.all_reduce(partial, group=group)    # add the shares of all ranks
     return partial + bias                    # the bias once, not once per rank
 
 
@@ -134,8 +151,8 @@ def row_parallel_forward(x_slice, weight_slice, bias):
 SCHEMES = ("naive", "column_row")
 
 
-def slice_mlp(model: nn.Sequential, rank: int, world_size: int, scheme: str) -> nn.Sequential:
-    """The rank's part of an MLP from ``models.mlp`` (Linear, ReLU, ..., Linear).
+def slice_mlp(model: nn.Sequential, scheme: str = "column_row", group=None) -> nn.Sequential:
+    """This rank's part of an MLP from ``models.mlp`` (Linear, ReLU, ..., Linear).
 
     naive: every Linear column-parallel, full activation gathered after each.
     column_row: Linear layers paired column-then-row; an odd last Linear stays whole
@@ -150,13 +167,13 @@ def slice_mlp(model: nn.Sequential, rank: int, world_size: int, scheme: str) -> 
         if not isinstance(m, nn.Linear):
             out.append(m)
         elif scheme == "naive":
-            out.append(ColumnParallelLinear(m, rank, world_size, gather_output=True))
+            out.append(ColumnParallelLinear(m, group, gather_output=True))
         else:
             k = linear_at.index(i)
             if k % 2 == 0 and k + 1 < len(linear_at):
-                out.append(ColumnParallelLinear(m, rank, world_size))
+                out.append(ColumnParallelLinear(m, group))
             elif k % 2 == 1:
-                out.append(RowParallelLinear(m, rank, world_size))
+                out.append(RowParallelLinear(m, group))
             else:
                 out.append(m)  # the unpaired last layer: every rank computes it whole
     return nn.Sequential(*out)
@@ -184,27 +201,26 @@ def expected_comm_bytes(sizes, batch_size: int, world_size: int, scheme: str) ->
     return {"forward": fwd, "backward": bwd, "total": fwd + bwd}
 
 
-# ------------------------------------------------------------------ workers
+# ------------------------------------------------------------------ rank functions
 def train_sliced(rank: int, world_size: int, sizes=(64, 256, 256, 128, 10), scheme="column_row",
-                 batch_size: int = 64, steps: int = 5, lr: float = 0.05, seed: int = 0) -> dict:
-    """Worker: train the sliced MLP on the full batch (the same on every rank).
+                 batch_size: int = 64, steps: int = 5, lr: float = 0.05, seed: int = 0,
+                 *, group=None) -> dict:
+    """Rank function: train the sliced MLP on the full batch (the same on every rank).
 
-    Every rank builds the whole model from the same seed and keeps its slices. Returns the
-    first step's logits and sliced gradients, the losses, and the final shards.
+    Every rank of the group builds the whole model from the same seed and keeps its
+    slices. Returns the first step's logits and sliced gradients, the losses, and the
+    final shards.
     """
-    from .. import data as datasets
-    torch.manual_seed(seed)
-    dense = models.mlp(sizes)
-    model = slice_mlp(dense, rank, world_size, scheme)
+    g, device = as_group(group), runtime.rank_device()
+    dense = training.build_model("mlp", sizes=sizes, seed=seed)
+    model = slice_mlp(dense, scheme, g).to(device)
     del dense
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     loss_fn = nn.CrossEntropyLoss()
-    x, y = datasets.digits("train")
-    batches = datasets.endless_batches(x, y, batch_size)
+    batches = training.digit_batches("mlp", batch_size)
     out = {"losses": []}
     for step in range(steps):
-        xb, yb = next(batches)
-        xb, yb = torch.as_tensor(xb), torch.as_tensor(yb)
+        xb, yb = training.on_device(*next(batches), device)
         with span("forward"):
             opt.zero_grad()
             logits = model(xb)
@@ -214,19 +230,19 @@ def train_sliced(rank: int, world_size: int, sizes=(64, 256, 256, 128, 10), sche
         with span("update"):
             opt.step()
         if step == 0:
-            out["first_logits"] = logits.detach().numpy().copy()
-            out["first_grads"] = {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
+            out["first_logits"] = training.to_numpy(logits)
+            out["first_grads"] = training.grads_numpy(model)
         out["losses"].append(loss.item())
-    out["shards"] = {n: p.detach().cpu().numpy().copy() for n, p in model.named_parameters()}
+    out["shards"] = {n: training.to_numpy(p) for n, p in model.named_parameters()}
     return out
 
 
 def dense_reference(sizes=(64, 256, 256, 128, 10), batch_size: int = 64, steps: int = 5,
                     lr: float = 0.05, seed: int = 0) -> dict:
-    """The same training on one device, for the equivalence checks (lab 02's reference:
-    the same seed, data order and plain SGD)."""
+    """The same training on one device, for the equivalence checks (lab 01's reference
+    loop: the same seed, data order and plain SGD)."""
     from ..splitting import SplitConfig
-    from .split import train_reference
+    from .single import train_reference
     return train_reference(SplitConfig(sizes=tuple(sizes), batch_size=batch_size, steps=steps,
                                        lr=lr, optimizer="sgd", seed=seed))
 
@@ -242,9 +258,16 @@ def dense_slice(name: str, value, sliced_layer_kind: str, rank: int, world_size:
     return value  # row bias and replicated layers: whole
 
 
+def dense_parts(state: dict, sizes, world_size: int, scheme: str, index: int) -> dict:
+    """The slices of a dense model's parameters that position ``index`` of a sliced run
+    holds: what its shards must equal."""
+    kinds = layer_kinds(sizes, world_size, scheme)
+    return {n: dense_slice(n, state[n], kind, index, world_size) for n, kind in kinds.items()}
+
+
 def layer_kinds(sizes, world_size: int, scheme: str) -> dict[str, str]:
     """For each parameter name of the sliced MLP: 'column', 'row' or 'whole'."""
-    model = slice_mlp(models.mlp(sizes), 0, world_size, scheme)
+    model = slice_mlp(models.mlp(sizes), scheme, layout(world_size))
     kinds = {}
     for i, m in enumerate(model):
         kind = ("column" if isinstance(m, ColumnParallelLinear) else
@@ -255,39 +278,50 @@ def layer_kinds(sizes, world_size: int, scheme: str) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------ the library way
-def library_sliced_step(rank: int, world_size: int, sizes=(64, 256, 256, 128, 10),
-                        batch_size: int = 64, seed: int = 0) -> dict:
-    """Worker: one training step with ``torch.distributed.tensor.parallel``.
-
-    The same column-then-row pairing as ``slice_mlp(..., "column_row")``, declared as a
-    plan instead of written by hand. DTensor does its own communication, so the step is
-    timed as one span; its results are compared with the hand-written ones.
-    """
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                   parallelize_module)
-
-    from .. import data as datasets
-    torch.manual_seed(seed)
-    model = models.mlp(sizes)
+def tp_plan(model: nn.Sequential) -> dict:
+    """DTensor's plan for ``model``: Linear layers paired Colwise-then-Rowwise."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
     linear_at = [i for i, m in enumerate(model) if isinstance(m, nn.Linear)]
     plan = {}
     for k in range(0, len(linear_at) - 1, 2):
         plan[str(linear_at[k])] = ColwiseParallel()
         plan[str(linear_at[k + 1])] = RowwiseParallel()
-    mesh = init_device_mesh("cpu", (world_size,))  # the model and data here stay on the CPU
+    return plan
+
+
+def device_mesh_of(group=None):
+    """A 1-D ``DeviceMesh`` over the group's ranks, built from its process group."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    g = as_group(group)
+    return DeviceMesh.from_group(g.pg or dist.group.WORLD, runtime.rank_device().type)
+
+
+def library_sliced_step(rank: int, world_size: int, sizes=(64, 256, 256, 128, 10),
+                        batch_size: int = 64, seed: int = 0, *, group=None) -> dict:
+    """Rank function: one training step with ``torch.distributed.tensor.parallel``.
+
+    The same column-then-row pairing as ``slice_mlp(..., "column_row")``, declared as a
+    plan instead of written by hand. DTensor does its own communication, so the step is
+    timed as one span; its results are compared with the hand-written ones.
+    """
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    device = runtime.rank_device()
+    model = training.build_model("mlp", sizes=sizes, seed=seed).to(device)
+    plan = tp_plan(model)
+    mesh = device_mesh_of(group)
     model = parallelize_module(model, mesh, plan)
-    x, y = datasets.digits("train")
-    xb, yb = next(datasets.batches(x, y, batch_size, shuffle=False))
+    xb, yb = training.on_device(*next(training.digit_batches("mlp", batch_size)), device)
     with span("DTensor forward + backward"):
-        logits = model(torch.as_tensor(xb))
-        loss = nn.functional.cross_entropy(logits, torch.as_tensor(yb))
+        logits = model(xb)
+        loss = nn.functional.cross_entropy(logits, yb)
         loss.backward()
     grads = {}
     for name, p in model.named_parameters():
-        g = p.grad
-        grads[name] = (g.to_local() if hasattr(g, "to_local") else g).detach().numpy().copy()
-    out = {"logits": logits.detach().numpy().copy(), "grads": grads, "plan": sorted(plan)}
+        grad = p.grad
+        grads[name] = training.to_numpy(grad.to_local() if hasattr(grad, "to_local") else grad)
+    out = {"logits": training.to_numpy(logits), "grads": grads, "plan": sorted(plan)}
     del model, mesh, logits, loss  # let DTensor's objects go before the group is destroyed
     return out
 
@@ -320,41 +354,45 @@ def grouped_mlp(sizes=(64, 256, 256, 10), groups: int = 2) -> nn.Sequential:
     return nn.Sequential(*layers, nn.Linear(sizes[-2], sizes[-1]))
 
 
-def slice_grouped(model: nn.Sequential, rank: int, world_size: int) -> nn.Sequential:
-    """Rank k keeps group k of every grouped layer; the classifier is row-parallel."""
+def slice_grouped(model: nn.Sequential, group=None) -> nn.Sequential:
+    """Position k keeps group k of every grouped layer; the classifier is row-parallel."""
+    g = as_group(group)
     out: list[nn.Module] = []
     for m in model:
         if isinstance(m, GroupedLinear):
-            if len(m.blocks) != world_size:
+            if len(m.blocks) != g.size:
                 raise ValueError(f"the model has {len(m.blocks)} groups: run it on "
                                  f"{len(m.blocks)} devices")
-            out.append(m.blocks[rank])
+            out.append(m.blocks[g.index])
         elif isinstance(m, nn.Linear):
-            out.append(RowParallelLinear(m, rank, world_size))
+            out.append(RowParallelLinear(m, g))
         else:
             out.append(m)
     return nn.Sequential(*out)
 
 
-def train_grouped(rank: int, world_size: int, sizes=(64, 256, 256, 10), steps: int = 5,
-                  lr: float = 0.05, batch_size: int = 64, seed: int = 0) -> dict:
-    """Worker (world_size > 0) or reference (rank=None): train the grouped MLP."""
-    from .. import data as datasets
+def train_grouped(rank: int | None, world_size: int, sizes=(64, 256, 256, 10), steps: int = 5,
+                  lr: float = 0.05, batch_size: int = 64, seed: int = 0, *, group=None) -> dict:
+    """Rank function, or with ``rank=None`` the one-device reference: train the grouped MLP.
+
+    On ranks, the model has one group per rank of ``group``; the reference has
+    ``world_size`` groups.
+    """
+    g = None if rank is None else as_group(group)
+    device = torch.device("cpu") if g is None else runtime.rank_device()
     torch.manual_seed(seed)
-    dense = grouped_mlp(sizes, world_size)
-    model = dense if rank is None else slice_grouped(dense, rank, world_size)
+    dense = grouped_mlp(sizes, world_size if g is None else g.size)
+    model = (dense if g is None else slice_grouped(dense, g)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    x, y = datasets.digits("train")
-    batches = datasets.endless_batches(x, y, batch_size)
+    batches = training.digit_batches("mlp", batch_size)
     losses = []
     for _ in range(steps):
-        xb, yb = next(batches)
-        xb = torch.as_tensor(xb)
-        if rank is not None:  # this rank's group of input features
-            xb = xb.chunk(world_size, dim=-1)[rank]
+        xb, yb = training.on_device(*next(batches), device)
+        if g is not None:  # this rank's group of input features
+            xb = xb.chunk(g.size, dim=-1)[g.index]
         with span("forward"):
             opt.zero_grad()
-            loss = nn.functional.cross_entropy(model(xb), torch.as_tensor(yb))
+            loss = nn.functional.cross_entropy(model(xb), yb)
         with span("backward"):
             loss.backward()
         with span("update"):
@@ -365,21 +403,22 @@ def train_grouped(rank: int, world_size: int, sizes=(64, 256, 256, 10), steps: i
 
 # ------------------------------------------------------------------ width sweep
 def width_sweep(rank: int, world_size: int, widths=(32, 128, 512, 1024), batch_size: int = 64,
-                steps: int = 4) -> dict:
-    """Worker: for each width, column-then-row training steps, and (rank 0) the dense step.
+                steps: int = 4, *, group=None) -> dict:
+    """Rank function: for each width, column-then-row training steps, and the dense step.
 
     Returns, per width, the time window of the sliced steps (to cut the timeline) and
-    the dense step time measured on rank 0 alone while the others wait.
+    the dense step time measured on the group's first rank alone while the others wait.
     """
     import time
+    g, device = as_group(group), runtime.rank_device()
     loss_fn = nn.CrossEntropyLoss()
-    xb = torch.randn(batch_size, 64)
-    yb = torch.randint(0, 10, (batch_size,))
+    gen = torch.Generator().manual_seed(0)        # the same batch on every rank
+    xb = torch.randn(batch_size, 64, generator=gen).to(device)
+    yb = torch.randint(0, 10, (batch_size,), generator=gen).to(device)
     out = {}
     for w in widths:
-        torch.manual_seed(0)
-        dense = models.mlp((64, w, w, w, 10))
-        sliced = slice_mlp(dense, rank, world_size, "column_row")
+        dense = training.build_model("mlp", sizes=(64, w, w, w, 10), seed=0).to(device)
+        sliced = slice_mlp(dense, "column_row", g)
         opt = torch.optim.SGD(sliced.parameters(), lr=0.01)
 
         def step():
@@ -392,70 +431,28 @@ def width_sweep(rank: int, world_size: int, widths=(32, 128, 512, 1024), batch_s
                 opt.step()
 
         step()  # warm-up
-        comm.barrier()
+        comm.barrier(group=g)
+        runtime.synchronize()
         t0 = time.perf_counter()
         for _ in range(steps):
             step()
+        runtime.synchronize()
         t1 = time.perf_counter()
-        comm.barrier()
+        comm.barrier(group=g)
         dense_step = None
-        if rank == 0:  # the single-device reference, measured while the others wait
+        if g.first:  # the single-device reference, measured while the others wait
             dopt = torch.optim.SGD(dense.parameters(), lr=0.01)
             samples = []
             for i in range(steps + 1):
+                runtime.synchronize()
                 s0 = time.perf_counter()
                 dopt.zero_grad()
                 loss_fn(dense(xb), yb).backward()
                 dopt.step()
+                runtime.synchronize()
                 if i:
                     samples.append(time.perf_counter() - s0)
             dense_step = sorted(samples)[len(samples) // 2]
-        comm.barrier()
+        comm.barrier(group=g)
         out[w] = {"window": (t0, t1), "sliced_step": (t1 - t0) / steps, "dense_step": dense_step}
     return out
-
-
-# ------------------------------------------------------------------ exercise 3.1
-def _row_parallel_exercise(rank: int, world_size: int, fn) -> dict:
-    torch.manual_seed(3)
-    full = nn.Linear(12, 6)
-    x = torch.randn(5, 12)
-    part = 12 // world_size
-    cols = slice(rank * part, (rank + 1) * part)
-    with torch.no_grad():
-        got = fn(x[:, cols].clone(), full.weight[:, cols].clone(), full.bias.clone())
-        want = full(x)
-    return {"got": None if got is None else torch.as_tensor(got).numpy(), "want": want.numpy(),
-            "bias": full.bias.detach().numpy()}
-
-
-def check_row_parallel(fn, world_size: int = 2):
-    """Run the learner's row-parallel forward on real ranks and compare with a dense layer.
-
-    Returns the function to use next: the learner's if right, else the reference.
-    """
-    import numpy as np
-
-    from ..exercises import run_on_ranks
-    results = run_on_ranks("row_parallel", _row_parallel_exercise, fn, world_size)
-    if results is None:
-        return row_parallel_forward
-    for r, res in enumerate(results):
-        if res["got"] is None or res["got"].shape != res["want"].shape:
-            shape = None if res["got"] is None else res["got"].shape
-            print(f"[row_parallel] rank {r} returned shape {shape}, expected {res['want'].shape}: "
-                  "each rank must return the full output (every unit), not a slice.")
-            return row_parallel_forward
-        err = float(np.abs(res["got"] - res["want"]).max())
-        if err > 1e-5:
-            bias_counted_n_times = np.allclose(res["got"] - res["want"],
-                                               (world_size - 1) * res["bias"], atol=1e-5)
-            hint = (f"It looks like the bias was added on every rank before the all-reduce, so "
-                    f"it is counted {world_size} times." if bias_counted_n_times else "")
-            print(f"[row_parallel] rank {r} is off by up to {err:.3g} from the dense layer. "
-                  "Each rank's product is a partial sum over its inputs: all ranks' partial sums "
-                  f"must be added (all-reduce) before the bias is added once. {hint}\n"
-                  "The lab goes on with the reference solution.")
-            return row_parallel_forward
-    print(f"[row_parallel] correct: on {world_size} ranks, every rank's output equals the dense layer's.")
-    return fn

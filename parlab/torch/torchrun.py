@@ -1,4 +1,4 @@
-"""Run a ``parlab.launch`` worker under ``torchrun`` (one node or several), unchanged.
+"""Run a ``parlab.launch`` rank function under ``torchrun`` (one node or several), unchanged.
 
 torchrun starts the processes and describes the process group in environment variables
 (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT); this module joins that group
@@ -25,7 +25,7 @@ def under_torchrun() -> bool:
 
 
 def run_here(fn, args=(), *, seed: int = 0, timeout_s: float = 600.0):
-    """Join torchrun's process group, run the worker, gather on rank 0.
+    """Join torchrun's process group, run the rank function, gather on rank 0.
 
     Returns ``(results, timeline)`` on rank 0 and ``(None, None)`` elsewhere.
     """

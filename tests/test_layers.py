@@ -1,0 +1,78 @@
+"""The package's layers: nothing reaches back up.
+
+framework-free core (trace, metrics, schedules, grid, ...) -> framework runtime and comm
+-> strategies (parlab.torch.*, parlab.tf.*) -> launcher -> lab-facing helpers (exercises,
+experiments, widgets, bench). A strategy says what one rank does; it never starts ranks
+or checks exercises. Every import is checked, including those inside functions.
+"""
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "parlab"
+
+CORE = {"trace", "metrics", "schedules", "splitting", "grid", "data", "errors", "plot"}
+ABOVE_STRATEGIES = {"parlab.launcher", "parlab._worker", "parlab.exercises",
+                    "parlab.experiments", "parlab.widgets", "parlab.bench", "parlab.__main__"}
+FRAMEWORKS = ("torch", "tensorflow", "keras", "parlab.torch", "parlab.tf")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module ``path`` imports, relative imports resolved, at any depth of the code."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module
+            found.add(module)
+            found.update(f"{module}.{a.name}" for a in node.names)  # `from . import comm`
+    return found
+
+
+def _within(module: str, prefixes) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+STRATEGY_FILES = sorted([*PACKAGE.glob("torch/*.py"), *PACKAGE.glob("tf/*.py")])
+
+
+@pytest.mark.parametrize("path", STRATEGY_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_strategies_never_import_the_launcher_or_the_lab_helpers(path):
+    above = {m for m in imports_of(path) if _within(m, ABOVE_STRATEGIES)}
+    assert not above, (f"{path.relative_to(PACKAGE.parent)} imports {sorted(above)}: starting "
+                       "ranks and checking exercises belong in parlab.experiments / "
+                       "parlab.exercises, above the strategies")
+
+
+@pytest.mark.parametrize("name", sorted(CORE))
+def test_the_core_imports_no_framework_and_nothing_above_it(name):
+    bad = {m for m in imports_of(PACKAGE / f"{name}.py")
+           if _within(m, FRAMEWORKS) or _within(m, ABOVE_STRATEGIES)}
+    assert not bad, f"parlab/{name}.py is framework-free core but imports {sorted(bad)}"
+
+
+def test_the_checker_sees_relative_and_lazy_imports():
+    # The imports a strategy would most likely plant: lazy, relative, or by name.
+    planted = PACKAGE / "torch" / "_planted_for_test.py"
+    planted.write_text("import parlab.bench\n"
+                       "def go():\n    from ..launcher import launch\n"
+                       "    from ..exercises import run_on_ranks\n    from . import comm\n")
+    try:
+        found = imports_of(planted)
+    finally:
+        planted.unlink()
+    assert {"parlab.bench", "parlab.launcher", "parlab.exercises", "parlab.torch.comm"} <= found
