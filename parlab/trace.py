@@ -5,6 +5,12 @@ compute span (``with parlab.span("forward"):``), a communication span (recorded 
 ``parlab.torch.comm`` around each send, receive and collective) or an explicit wait.
 Idle time is never recorded: it is what is left between spans.
 
+A blocking receive or collective starts when the rank arrives, not when the data can
+move: until its peer arrives, the rank is waiting. Each traced operation carries a match
+key, so a timeline finds the same operation on every rank and splits each span into the
+part spent waiting for the last peer to arrive and the part spent transferring (see
+``split_waits``). All ranks' spans are on one clock, which makes this a subtraction.
+
 This module imports neither torch nor tensorflow. The framework runtime installs a
 timer on the process's :class:`Recorder` (CUDA events on a GPU) and a clock offset that
 maps this rank's clock onto rank 0's; everything else is plain Python.
@@ -37,6 +43,7 @@ class Span:
     bytes: int = 0
     peer: int | None = None
     axis: str | None = None     # the mesh axis (group) a communication ran on, if any
+    key: tuple | None = None    # (role, match) of a traced operation, until split (see split_waits)
 
     @property
     def duration(self) -> float:
@@ -64,11 +71,11 @@ class _SpanContext:
     third as much, and spans surround every operation of a training step.
     """
 
-    __slots__ = ("rec", "kind", "name", "nbytes", "peer", "axis", "start")
+    __slots__ = ("rec", "kind", "name", "nbytes", "peer", "axis", "key", "start")
 
-    def __init__(self, rec, kind, name, nbytes, peer, axis):
+    def __init__(self, rec, kind, name, nbytes, peer, axis, key):
         self.rec, self.kind, self.name, self.nbytes, self.peer = rec, kind, name, nbytes, peer
-        self.axis = axis
+        self.axis, self.key = axis, key
 
     def __enter__(self):
         self.start = self.rec.timer.mark()
@@ -77,7 +84,7 @@ class _SpanContext:
     def __exit__(self, *exc):
         rec = self.rec
         rec._raw.append((self.kind, self.name, self.start, rec.timer.mark(), self.nbytes,
-                         self.peer, None, self.axis))
+                         self.peer, None, self.axis, self.key))
         return False
 
 
@@ -109,22 +116,22 @@ class Recorder:
         self._raw: list[tuple] = []
 
     def span(self, name: str, kind: str = COMPUTE, bytes: int = 0, peer: int | None = None,
-             axis: str | None = None):
+             axis: str | None = None, key: tuple | None = None):
         if not self.enabled:
             return _NULL
         if kind not in KINDS:
             raise ValueError(f"span kind must be one of {KINDS}, got {kind!r}")
-        return _SpanContext(self, kind, name, bytes, peer, axis)
+        return _SpanContext(self, kind, name, bytes, peer, axis, key)
 
     def add(self, name: str, kind: str, start: float, end: float, bytes: int = 0, peer=None,
-            lane: int | None = None, axis: str | None = None):
+            lane: int | None = None, axis: str | None = None, key: tuple | None = None):
         """Record an interval measured elsewhere (host-clock seconds on this rank).
 
         lane: draw it on another lane than this rank's, e.g. for work a background
         thread did while the rank's main thread went on (DDP's gradient all-reduce).
         """
         self._raw.append((kind, name, ("host", start), ("host", end), int(bytes), peer, lane,
-                          axis))
+                          axis, key))
 
     def _resolve(self, mark) -> float:
         if isinstance(mark, tuple):
@@ -135,8 +142,8 @@ class Recorder:
         """All spans recorded so far, resolved to seconds on the merged clock."""
         return [
             Span(self.rank if lane is None else lane, kind, name, self._resolve(s) + self.offset,
-                 self._resolve(e) + self.offset, nbytes, peer, axis)
-            for kind, name, s, e, nbytes, peer, lane, axis in self._raw
+                 self._resolve(e) + self.offset, nbytes, peer, axis, key)
+            for kind, name, s, e, nbytes, peer, lane, axis, key in self._raw
         ]
 
     def timeline(self, labels: dict[int, str] | None = None) -> "Timeline":
@@ -165,9 +172,9 @@ def install(rec: Recorder) -> Recorder:
 
 
 def span(name: str, kind: str = COMPUTE, bytes: int = 0, peer: int | None = None,
-         axis: str | None = None):
+         axis: str | None = None, key: tuple | None = None):
     """Record the enclosed block as one span on this rank: ``with parlab.span("forward"):``."""
-    return recorder().span(name, kind, bytes, peer, axis)
+    return recorder().span(name, kind, bytes, peer, axis, key)
 
 
 @contextlib.contextmanager
@@ -200,6 +207,51 @@ def disabled() -> Iterator[None]:
         rec.enabled = before
 
 
+# ----------------------------------------------------------------------------- waiting
+def split_waits(spans: Iterable[Span]) -> list[Span]:
+    """Split every matched communication span into waiting, then transfer.
+
+    The traced layer gives each operation a key ``(role, match)``: the same ``match`` on
+    every rank that takes part (the k-th collective on a group; the k-th message from one
+    rank to another). On one clock:
+
+    * a collective cannot finish before its last member arrives: rank i waits from its
+      own start until the latest start of the group, and transfers after that;
+    * a receive waits until its matching send starts; a blocking send waits until its
+      receive is posted; a non-blocking send only posts, and is left whole.
+
+    Spans whose peers are not all in ``spans`` (a filtered timeline, a rank that did not
+    record) stay whole. The parts carry no key, so splitting twice changes nothing.
+    """
+    spans = list(spans)
+    groups: dict[tuple, list[int]] = {}
+    for i, s in enumerate(spans):
+        if s.key is not None and s.kind == COMM:
+            groups.setdefault(s.key[1], []).append(i)
+    arrival: dict[int, float] = {}          # span index -> when its waiting ended
+    for match, members in groups.items():
+        if match[0] == "c":                 # ("c", ranks, seq)
+            if len(members) != len(match[1]):
+                continue
+            last = max(spans[i].start for i in members)
+            arrival.update((i, last) for i in members)
+        elif len(members) == 2:             # ("p", ranks, src, dst, tag, seq)
+            a, b = (spans[i] for i in members)
+            for me, other, i in ((a, b, members[0]), (b, a, members[1])):
+                if me.key[0] in ("recv", "send"):
+                    arrival[i] = other.start
+    out = []
+    for i, s in enumerate(spans):
+        if i not in arrival:
+            out.append(s)
+            continue
+        cut = min(max(arrival[i], s.start), s.end)
+        if cut > s.start:
+            out.append(Span(s.rank, WAIT, s.name, s.start, cut, 0, s.peer, s.axis))
+        out.append(Span(s.rank, COMM, s.name, cut, s.end, s.bytes, s.peer, s.axis))
+    return out
+
+
 # ----------------------------------------------------------------------------- timeline
 @dataclass(frozen=True)
 class Segment:
@@ -221,7 +273,7 @@ class Timeline:
 
     def __init__(self, spans: Iterable[Span], labels: dict[int, str] | None = None,
                  ranks: Sequence[int] | None = None):
-        self.spans: list[Span] = sorted(spans, key=lambda s: (s.rank, s.start, -s.end))
+        self.spans: list[Span] = sorted(split_waits(spans), key=lambda s: (s.rank, s.start, -s.end))
         for s in self.spans:
             if s.end < s.start:
                 raise ValueError(f"span {s.name!r} on rank {s.rank} ends before it starts")
@@ -272,7 +324,7 @@ class Timeline:
     def window(self, start: float, end: float) -> "Timeline":
         """Spans clipped to [start, end] (absolute times), e.g. to drop warm-up steps."""
         clipped = [Span(s.rank, s.kind, s.name, max(s.start, start), min(s.end, end),
-                        s.bytes, s.peer, s.axis)
+                        s.bytes, s.peer, s.axis, s.key)
                    for s in self.spans if s.end > start and s.start < end]
         return Timeline(clipped, self.labels, self.ranks)
 
@@ -428,6 +480,7 @@ class Summary:
     """Per-rank shares of a timeline; prints as a table, renders as HTML in a notebook."""
 
     COLUMNS = ("compute", "comm", "wait", "idle")
+    HEADINGS = {"comm": "transfer"}     # "comm" spans hold only the transfer once waits are split
 
     def __init__(self, rows: list[dict], duration: float):
         self.rows = rows
@@ -444,7 +497,8 @@ class Summary:
         return sum(r[f"{kind}_share"] for r in self.rows) / max(len(self.rows), 1)
 
     def __str__(self) -> str:
-        head = f"{'device':<28}" + "".join(f"{c:>9}" for c in self.COLUMNS) + f"{'bytes':>12}"
+        head = (f"{'device':<28}" + "".join(f"{self.HEADINGS.get(c, c):>9}" for c in self.COLUMNS)
+                + f"{'bytes':>12}")
         lines = [f"timeline of {self.duration * 1e3:.1f} ms", head]
         for r in self.rows:
             lines.append(f"{r['device'][:27]:<28}"
@@ -455,7 +509,8 @@ class Summary:
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        cells = "".join(f"<th>{c}</th>" for c in ("device", *self.COLUMNS, "comm bytes"))
+        cells = "".join(f"<th>{self.HEADINGS.get(c, c)}</th>"
+                        for c in ("device", *self.COLUMNS, "comm bytes"))
         body = "".join(
             "<tr><td>{}</td>{}<td>{}</td></tr>".format(
                 r["device"], "".join(f"<td>{r[c + '_share']:.1%}</td>" for c in self.COLUMNS),

@@ -171,3 +171,25 @@ def mesh_report(rank, world_size, axes):
         report["sums"][a] = float(x)
     report["device_mesh"] = tuple(mesh.device_mesh.mesh.shape)
     return report
+
+
+# ------------------------------------------------------------------ waiting vs transfer
+def late_sender(rank, world_size, delay_s):
+    """Rank 1 sleeps before sending 1 MB to rank 0, which is already receiving."""
+    comm.barrier()
+    x = torch.zeros(250_000)
+    if rank == 1:
+        time.sleep(delay_s)
+        comm.send(x, dst=0)
+    elif rank == 0:
+        comm.recv(x, src=1)
+    return rank
+
+
+def late_member(rank, world_size, delay_s, late_rank):
+    """Every rank all-reduces 1 MB; ``late_rank`` arrives ``delay_s`` after the others."""
+    comm.barrier()
+    if rank == late_rank:
+        time.sleep(delay_s)
+    comm.all_reduce(torch.ones(250_000))
+    return rank

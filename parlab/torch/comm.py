@@ -9,6 +9,11 @@ device mesh, ``mesh.group("tp")``) or a ``parlab.torch.groups.Group``. Peers (``
 ``src``) are global ranks, as in ``torch.distributed``. The span records the mesh axis
 of the group, so a timeline can tell data-parallel bytes from tensor-parallel ones.
 
+Each span also carries a match key: the k-th collective on a group, or the k-th message
+from one rank to another, has the same key on every rank involved, so the timeline can
+split the span into waiting for the peers and transferring (``parlab.trace.split_waits``).
+Counters advance whether or not recording is on, so keys stay aligned across ranks.
+
 ``bytes`` on a span is the size of the buffer this rank hands to the operation: the
 tensor sent or received, the tensor all-reduced or broadcast, this rank's contribution to
 an all-gather, and the full input of a reduce-scatter. How many bytes actually cross the
@@ -44,9 +49,39 @@ def _reduce_op(op: str):
         raise ValueError(f"op must be one of {sorted(_OPS) + ['avg']}, got {op!r}") from None
 
 
-def _traced(name: str, tensor_bytes: int, group, peer: int | None = None, kind: str = COMM):
-    """The span around one operation: its size, its peer and its group's mesh axis."""
-    return span(name, kind, tensor_bytes, peer=peer, axis=axis_of(pg_of(group)))
+_RANKS: dict[int, tuple[int, ...]] = {}     # id(process group) -> its global ranks
+_COUNT: dict[tuple, int] = {}               # operations so far, per group or per message route
+
+
+def _ranks(pg) -> tuple[int, ...]:
+    if pg is None:
+        return tuple(range(dist.get_world_size()))
+    if id(pg) not in _RANKS:
+        _RANKS[id(pg)] = tuple(dist.get_process_group_ranks(pg))
+    return _RANKS[id(pg)]
+
+
+def _next(counter: tuple) -> int:
+    _COUNT[counter] = _COUNT.get(counter, -1) + 1
+    return _COUNT[counter]
+
+
+def collective_key(group) -> tuple:
+    """("coll", ("c", ranks, k)): the k-th collective this rank issues on ``group``."""
+    ranks = _ranks(pg_of(group))
+    return ("coll", ("c", ranks, _next(("c", ranks))))
+
+
+def message_key(role: str, src: int, dst: int, group, tag: int = 0) -> tuple:
+    """(role, ("p", ranks, src, dst, tag, k)): the k-th message from src to dst."""
+    route = ("p", _ranks(pg_of(group)), src, dst, tag)
+    return (role, (*route, _next(route)))
+
+
+def _traced(name: str, tensor_bytes: int, group, peer: int | None = None, kind: str = COMM,
+            key: tuple | None = None):
+    """The span around one operation: its size, peer, group's mesh axis and match key."""
+    return span(name, kind, tensor_bytes, peer=peer, axis=axis_of(pg_of(group)), key=key)
 
 
 def get_rank(group=None) -> int:
@@ -60,7 +95,8 @@ def get_world_size(group=None) -> int:
 
 
 def send(tensor: torch.Tensor, dst: int, *, group=None, tag: int = 0, name: str = "send") -> None:
-    with _traced(name, nbytes(tensor), group, peer=dst):
+    key = message_key("send", dist.get_rank(), dst, group, tag)
+    with _traced(name, nbytes(tensor), group, peer=dst, key=key):
         dist.send(tensor, dst, group=pg_of(group), tag=tag)
 
 
@@ -71,7 +107,8 @@ def isend(tensor: torch.Tensor, dst: int, *, group=None, tag: int = 0, name: str
     (and shows on the receiver's side). Keep ``tensor`` unchanged until it is waited for.
     Pipelines need this: two neighbours each blocking in a send to the other deadlock.
     """
-    with _traced(name, nbytes(tensor), group, peer=dst):
+    key = message_key("isend", dist.get_rank(), dst, group, tag)
+    with _traced(name, nbytes(tensor), group, peer=dst, key=key):
         return dist.isend(tensor, dst, group=pg_of(group), tag=tag)
 
 
@@ -85,12 +122,14 @@ def wait_all(works) -> None:
 
 def recv(tensor: torch.Tensor, src: int, *, group=None, tag: int = 0,
          name: str = "recv", kind: str = COMM) -> torch.Tensor:
-    """Receive into ``tensor`` from rank ``src``; the span includes waiting for the sender.
+    """Receive into ``tensor`` from rank ``src``.
 
-    kind: ``WAIT`` for a message of a few bytes whose arrival is the point (a header, a
-    go-ahead): its span is then time spent waiting for the peer, drawn as such.
+    The span covers waiting for the sender and the transfer; the timeline splits it at
+    the moment the matching send started. kind: ``WAIT`` records the whole receive as
+    waiting (a header or go-ahead of a few bytes, whose arrival is the point).
     """
-    with _traced(name, nbytes(tensor), group, peer=src, kind=kind):
+    key = message_key("recv", src, dist.get_rank(), group, tag)
+    with _traced(name, nbytes(tensor), group, peer=src, kind=kind, key=key):
         dist.recv(tensor, src, group=pg_of(group), tag=tag)
     return tensor
 
@@ -106,16 +145,17 @@ def recv_any(tensor: torch.Tensor, *, group=None, tag: int = 0, name: str = "rec
     rec = recorder()
     start = time.perf_counter()
     sender = dist.recv(tensor, None, group=pg_of(group), tag=tag)
+    key = message_key("recv", sender, dist.get_rank(), group, tag)
     if rec.enabled:
         rec.add(name, kind, start, time.perf_counter(), nbytes(tensor), peer=sender,
-                axis=axis_of(pg_of(group)))
+                axis=axis_of(pg_of(group)), key=key)
     return sender
 
 
 def all_reduce(tensor: torch.Tensor, op: str = "sum", *, group=None,
                name: str = "all_reduce") -> torch.Tensor:
     """Reduce ``tensor`` over the group's ranks in place (op: sum, avg, max, min, product)."""
-    with _traced(name, nbytes(tensor), group):
+    with _traced(name, nbytes(tensor), group, key=collective_key(group)):
         dist.all_reduce(tensor, op=_reduce_op(op), group=pg_of(group))
         if op == "avg":
             tensor /= get_world_size(group)
@@ -132,11 +172,11 @@ def all_reduce_async(tensor: torch.Tensor, *, lane: int | None = None, group=Non
     once the collective's work has completed.
     """
     rec, start, size = recorder(), time.perf_counter(), nbytes(tensor)
-    axis = axis_of(pg_of(group))
+    axis, key = axis_of(pg_of(group)), collective_key(group)
     work = dist.all_reduce(tensor, async_op=True, group=pg_of(group))
 
     def record(fut):
-        rec.add(name, COMM, start, time.perf_counter(), size, lane=lane, axis=axis)
+        rec.add(name, COMM, start, time.perf_counter(), size, lane=lane, axis=axis, key=key)
         return fut.value()
 
     return work.get_future().then(record)
@@ -145,7 +185,7 @@ def all_reduce_async(tensor: torch.Tensor, *, lane: int | None = None, group=Non
 def all_gather(tensor: torch.Tensor, *, group=None, name: str = "all_gather") -> list[torch.Tensor]:
     """Every group member's ``tensor``, in group order, on every member."""
     out = [torch.empty_like(tensor) for _ in range(get_world_size(group))]
-    with _traced(name, nbytes(tensor), group):
+    with _traced(name, nbytes(tensor), group, key=collective_key(group)):
         dist.all_gather(out, tensor.contiguous(), group=pg_of(group))
     return out
 
@@ -163,7 +203,7 @@ def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, group=None,
             f"{tensor.shape[0]} rows: pad it to a multiple of {world_size}.")
     chunks = [c.contiguous() for c in tensor.chunk(world_size)]
     out = torch.empty_like(chunks[0])
-    with _traced(name, nbytes(tensor), group):
+    with _traced(name, nbytes(tensor), group, key=collective_key(group)):
         dist.reduce_scatter(out, chunks, op=_reduce_op(op), group=pg_of(group))
         if op == "avg":
             out /= world_size
@@ -173,12 +213,12 @@ def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, group=None,
 def broadcast(tensor: torch.Tensor, src: int, *, group=None,
               name: str = "broadcast") -> torch.Tensor:
     """Copy ``tensor`` from global rank ``src`` to every member of the group, in place."""
-    with _traced(name, nbytes(tensor), group, peer=src):
+    with _traced(name, nbytes(tensor), group, peer=src, key=collective_key(group)):
         dist.broadcast(tensor, src, group=pg_of(group))
     return tensor
 
 
 def barrier(*, group=None, name: str = "barrier") -> None:
     """Wait until every member arrives; recorded as a communication span of 0 bytes."""
-    with _traced(name, 0, group):
+    with _traced(name, 0, group, key=collective_key(group)):
         dist.barrier(group=pg_of(group))
