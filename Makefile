@@ -21,16 +21,17 @@ install: $(STAMP)
 ROOT_FLAG = $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
 
 lab: install
-	$(VENV)/bin/jupyter lab $(ROOT_FLAG) labs/
+	$(VENV)/bin/jupyter lab $(ROOT_FLAG) \
+		--ServerApp.contents_manager_class=parlab.labserver.LabsContentsManager labs/
 
 # One pytest run covers the package tests and every notebook (nbval, lax: outputs with
 # timings are not compared; a failing cell or assertion fails). A hung cell fails too.
 test: install
-	$(PY) -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env \
+	$(PY) -m pytest -p no:cacheprovider -rs --nbval-lax --nbval-current-env \
 		--nbval-cell-timeout=600 tests labs
 
 test-fast: install
-	$(PY) -m pytest -p no:cacheprovider tests
+	$(PY) -m pytest -p no:cacheprovider -rs tests
 
 bench: install
 	$(PY) -m parlab bench
