@@ -16,6 +16,7 @@ _LAZY = {
     "LaunchResult": ("parlab.launcher", "LaunchResult"),
     "LaunchTimeout": ("parlab.errors", "LaunchTimeout"),
     "Span": ("parlab.trace", "Span"),
+    "TeardownWarning": ("parlab.errors", "TeardownWarning"),
     "Timeline": ("parlab.trace", "Timeline"),
     "WorkerError": ("parlab.errors", "WorkerError"),
     "data": ("parlab.data", None),

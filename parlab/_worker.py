@@ -9,6 +9,7 @@ framework at import time: the environment (threads, interfaces) must be set firs
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import signal
 import sys
@@ -18,6 +19,7 @@ import traceback
 from dataclasses import dataclass, field
 
 from . import trace
+from .processes import die_with_parent  # noqa: F401 - ranks call it first thing
 
 
 @dataclass
@@ -28,7 +30,7 @@ class RankSpec:
     parent_pid: int
     seed: int = 0
     env: dict = field(default_factory=dict)
-    process_group: dict | None = None   # backend, device_kind, port, threads, timeout_s
+    process_group: dict | None = None   # backend, device_kind, store_path, threads, timeout_s
     dump_path: str | None = None        # where faulthandler writes this rank's stacks
 
 
@@ -59,14 +61,28 @@ class _PrefixedStream:
         return getattr(self._stream, name)
 
 
-def _watch_parent(parent_pid: int) -> None:
-    """Exit if the launching process dies (e.g. a notebook kernel killed): no orphans."""
-    def watch():
-        while True:
-            if os.getppid() != parent_pid:
-                os._exit(3)
-            time.sleep(0.5)
-    threading.Thread(target=watch, name="parlab-parent-watch", daemon=True).start()
+@functools.lru_cache(maxsize=None)
+def _tgkill():
+    """libc's tgkill (signal one thread of another process), where there is one."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    try:
+        return ctypes.CDLL(None, use_errno=True).tgkill  # glibc >= 2.30
+    except (OSError, AttributeError):
+        return None
+
+
+def request_stack(pid: int) -> None:
+    """Ask a rank to dump its main thread's stack (see _arm_stack_dumps)."""
+    tgkill = _tgkill()
+    try:
+        if tgkill is not None:
+            tgkill(pid, pid, int(signal.SIGUSR1))  # the main thread's id is the pid
+        else:
+            os.kill(pid, signal.SIGUSR1)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _arm_stack_dumps(path: str | None):
@@ -84,18 +100,26 @@ def _arm_stack_dumps(path: str | None):
     dump.flush()
     faulthandler.enable(file=dump, all_threads=True)
     if hasattr(signal, "SIGUSR1"):
-        faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
+        # Where the launcher can signal the main thread itself (request_stack), dump that
+        # thread only: reading other threads' stacks while they run (TensorFlow starts
+        # many) can crash the process with SIGSEGV.
+        faulthandler.register(signal.SIGUSR1, file=dump, all_threads=_tgkill() is None)
     return dump
 
 
 def main(spec: RankSpec, conn) -> None:
-    """Entry point of a spawned rank: set up, run ``fn(rank, world_size, *args)``, report."""
+    """Entry point of a spawned rank: set up, run ``fn(rank, world_size, *args, **kwargs)``,
+    report.
+
+    Besides the result or error, the rank tells the launcher which start-up stage it is
+    in and when the worker starts, so a timeout can say whether start-up used it up.
+    """
+    die_with_parent(spec.parent_pid)  # first: a launcher killed from here on takes us along
     if hasattr(os, "setpgrp"):
         os.setpgrp()  # own process group: a terminal Ctrl-C reaches only the launcher,
         #               and the launcher can stop this rank with anything it started
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     dump = _arm_stack_dumps(spec.dump_path)  # noqa: F841 - kept open for faulthandler
-    _watch_parent(spec.parent_pid)
     os.environ.update(spec.env)
     sys.stdout = _PrefixedStream(sys.stdout, f"[rank {spec.rank}] ")
     sys.stderr = _PrefixedStream(sys.stderr, f"[rank {spec.rank}] ")
@@ -103,12 +127,14 @@ def main(spec: RankSpec, conn) -> None:
     ok = False
     try:
         import cloudpickle
-        fn, args = cloudpickle.loads(spec.payload)
+        conn.send(("stage", spec.rank, "loading the worker function and its modules"))
+        fn, args, kwargs = cloudpickle.loads(spec.payload)
         pg = spec.process_group
         if pg is not None:
+            conn.send(("stage", spec.rank, "importing torch and joining the process group"))
             from .torch import runtime
             runtime.init_rank(spec.rank, spec.world_size, backend=pg["backend"],
-                              device_kind=pg["device_kind"], master_port=pg["port"],
+                              device_kind=pg["device_kind"], store_path=pg["store_path"],
                               seed=spec.seed, threads=pg["threads"],
                               timeout_s=pg["timeout_s"])
             to_plain = runtime.to_plain
@@ -116,7 +142,8 @@ def main(spec: RankSpec, conn) -> None:
             import random
             random.seed(spec.seed + spec.rank)
             to_plain = _identity
-        result = to_plain(fn(spec.rank, spec.world_size, *args))
+        conn.send(("started", spec.rank))
+        result = to_plain(fn(spec.rank, spec.world_size, *args, **kwargs))
         spans = [dataclasses.astuple(s) for s in rec.spans()]
         blob = cloudpickle.dumps(result)
         del result

@@ -29,18 +29,67 @@ class WorkerError(RuntimeError):
 class LaunchTimeout(TimeoutError):
     """Ranks were still running when the launch's timeout ran out; all were stopped.
 
-    ``stuck`` maps each unfinished rank to what it was doing (its innermost open span),
-    when that is known.
+    ``stuck`` maps each unfinished rank to what it was doing (its innermost frames, or the
+    start-up stage it had reached). ``starting`` holds the ranks that had not reached the
+    worker function yet; ``startup_s`` how long start-up took for those that had.
     """
 
-    def __init__(self, timeout: float, world_size: int, stuck: dict[int, str]):
+    def __init__(self, timeout: float, world_size: int, stuck: dict[int, str],
+                 starting=(), startup_s: dict[int, float] | None = None, cores: int = 0):
         self.timeout = timeout
         self.world_size = world_size
         self.stuck = stuck
-        lines = [f"rank {r}: {what}" for r, what in sorted(stuck.items())]
+        self.starting = set(starting)
+        self.startup_s = dict(startup_s or {})
+        lines = [f"{_ranks(rs)}: {what}" for what, rs in _grouped(stuck)]
+        hint = (_startup_hint(self.starting, self.startup_s, world_size, timeout, cores)
+                if self.starting else
+                "A rank blocked in a receive or collective usually waits for a peer that never"
+                " sends (mismatched send/recv or a collective not called on every rank). If"
+                " the work is just slow, pass a larger timeout=.")
         super().__init__(
             f"{len(stuck)} of {world_size} ranks still running after timeout={timeout:g} s; "
-            "all ranks were stopped.\n  " + "\n  ".join(lines)
-            + "\nA rank blocked in a receive or collective usually waits for a peer that never"
-              " sends (mismatched send/recv or a collective not called on every rank). If the"
-              " work is just slow, pass a larger timeout=.")
+            "all ranks were stopped.\n  " + "\n  ".join(lines) + "\n" + hint)
+
+
+def _grouped(stuck: dict[int, str]) -> list[tuple[str, list[int]]]:
+    """Ranks doing the same thing share one line (16 ranks starting up: one line)."""
+    groups: dict[str, list[int]] = {}
+    for rank, what in sorted(stuck.items()):
+        groups.setdefault(what, []).append(rank)
+    return sorted(groups.items(), key=lambda item: item[1][0])
+
+
+def _ranks(ranks: list[int]) -> str:
+    """'rank 4', or 'ranks 0-3, 5' for several."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    runs: list[list[int]] = []
+    for rank in ranks:
+        if runs and rank == runs[-1][1] + 1:
+            runs[-1][1] = rank
+        else:
+            runs.append([rank, rank])
+    return "ranks " + ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def _startup_hint(starting, startup_s, world_size, timeout, cores) -> str:
+    if not startup_s:
+        what = (f"start-up used up the whole timeout: after {timeout:g} s none had reached "
+                "the worker function")
+    else:
+        low, high = f"{min(startup_s.values()):.1f}", f"{max(startup_s.values()):.1f}"
+        what = (f"start-up was still going on: {len(starting)} of {world_size} ranks had not "
+                f"reached the worker function, and those that had took "
+                f"{low if low == high else f'{low}-{high}'} s to start")
+    on = f"; here {world_size} of them share {cores} cores" if 0 < cores < world_size else ""
+    return (f"Not the worker but {what}. Each rank is a new process that starts Python and "
+            f"imports its framework{on}. Pass a larger timeout= (it counts from the launch, "
+            "start-up included), or launch fewer ranks.")
+
+
+class TeardownWarning(RuntimeWarning):
+    """Every rank returned its result, but some had not exited when the timeout ran out.
+
+    They were stopped; the results are complete and were returned.
+    """

@@ -6,6 +6,7 @@ speed is that of a share of this machine's cores, and the lab says so.
 """
 from __future__ import annotations
 
+import operator
 import os
 from dataclasses import dataclass
 
@@ -48,11 +49,26 @@ class DeviceSet:
 
 
 def _check_count(n) -> int:
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise ValueError(f"the number of devices must be a whole number, got {n!r}")
-    if n < 1:
-        raise ValueError(f"the number of devices must be at least 1, got {n}")
-    return n
+    try:  # Python or numpy whole numbers; never a bool (True is not 1 device)
+        if isinstance(n, bool):
+            raise TypeError
+        count = operator.index(n)
+    except TypeError:
+        raise ValueError(f"the number of devices must be a whole number, got {n!r} "
+                         f"({type(n).__name__}): pass e.g. parlab.devices(2)") from None
+    if count < 1:
+        raise ValueError(f"the number of devices must be at least 1, got {count}")
+    return count
+
+
+def _check_simulate(simulate) -> bool | None:
+    if simulate is None or isinstance(simulate, bool):
+        return simulate
+    if type(simulate).__name__ == "bool_":  # numpy's True and False
+        return bool(simulate)
+    raise ValueError(f"simulate= must be True (simulate on the CPU), False (demand real "
+                     f"GPUs) or None (real GPUs if enough are visible, else simulate), got "
+                     f"{simulate!r}")
 
 
 def devices(n: int, *, simulate: bool | None = None, framework: str = "torch") -> DeviceSet:
@@ -63,6 +79,7 @@ def devices(n: int, *, simulate: bool | None = None, framework: str = "torch") -
     GPUs; too few is a ``ValueError``.
     """
     n = _check_count(n)
+    simulate = _check_simulate(simulate)
     if framework not in ("torch", "tf"):
         raise ValueError(f"framework must be 'torch' or 'tf', got {framework!r}")
     gpus = _count_gpus(framework)

@@ -228,15 +228,13 @@ def test_bad_settings_are_refused_with_what_to_change():
         parlab.launch("plain_workers.no_torch", 2)
 
 
-def test_a_busy_port_is_a_clear_error(no_leftover_ranks):
+def test_a_busy_port_does_not_matter_since_no_port_is_opened(no_leftover_ranks):
+    # The ranks meet through a file in a private folder: port= is only checked.
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
-        port = busy.getsockname()[1]
-        started = time.perf_counter()
-        with pytest.raises(RuntimeError, match=f"127.0.0.1:{port}.*port=None"):
-            parlab.launch(workers.sum_of_ranks, 2, port=port)
-        assert time.perf_counter() - started < 10
+        out = parlab.launch(workers.sum_of_ranks, 2, port=busy.getsockname()[1])
+    assert [float(r[0]) for r in out.results] == [1.0, 1.0]
 
 
 def test_the_same_worker_runs_under_torchrun(tmp_path):

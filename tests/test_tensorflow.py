@@ -1,9 +1,12 @@
 """TensorFlow parts, each run in a fresh process: TF fixes its devices at its first op."""
+import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
+
+from parlab.experiments import run_tf_cluster
 
 pytest.importorskip("tensorflow")
 
@@ -122,8 +125,8 @@ def test_tf_mirrored_strategy_step_equals_one_device():
     out = _run("""
         import parlab
         devs = parlab.devices(2, framework="tf")
-        from parlab.tf import mirrored
-        eq = mirrored.one_step_equivalence(devs.names, global_batch=32)
+        from parlab.tf import data_parallel as tf_dp
+        eq = tf_dp.one_step_equivalence(devs.names, global_batch=32)
         assert eq["replicas"] == 2 and eq["rows per replica"] == [16, 16], eq
         assert eq["max weight difference"] < 1e-5, eq
         assert [d[-5:] for d in eq["copies of the first kernel"]] == ["CPU:0", "CPU:1"]
@@ -137,9 +140,10 @@ def test_tf_multi_worker_mirrored_trains_identical_workers_and_leaves_none(no_le
     import psutil
 
     import parlab
-    from parlab.tf import mirrored  # the workers import TensorFlow in their own processes
-    ports = mirrored.free_ports(2)
-    out = parlab.launch(mirrored.multi_worker, 2, args=(ports, 10), process_group=False,
+    from parlab.tf import data_parallel as tf_dp  # the workers import TensorFlow in their own processes
+    from parlab.tf.cluster import free_ports
+    ports = free_ports(2)
+    out = parlab.launch(tf_dp.multi_worker, 2, args=(ports, 10), process_group=False,
                         timeout=180, env={"TF_CPP_MIN_LOG_LEVEL": "2"})
     a, b = out.results
     assert a["tf_config"]["task"]["index"] == 0 and b["tf_config"]["task"]["index"] == 1
@@ -154,9 +158,9 @@ def test_central_storage_keeps_one_copy_and_equals_one_device():
     out = _run("""
         import parlab
         devs = parlab.devices(3, framework="tf")
-        from parlab.tf import mirrored, parameter_server as tf_ps
-        strategy = tf_ps.central_storage(devs.names[1:], parameter_device=devs.names[0])
-        eq = mirrored.strategy_step_equivalence(strategy, global_batch=64)
+        from parlab.tf import central_storage as tf_cs, data_parallel as tf_dp
+        strategy = tf_cs.central_storage(devs.names[1:], parameter_device=devs.names[0])
+        eq = tf_dp.strategy_step_equivalence(strategy, global_batch=64)
         assert eq["max weight difference"] < 1e-5, eq
         assert eq["replicas"] == 2 and eq["rows per replica"] == [32, 32], eq
         assert len(eq["copies of the first kernel"]) == 1, eq
@@ -166,23 +170,32 @@ def test_central_storage_keeps_one_copy_and_equals_one_device():
     assert "OK" in out
 
 
+MARK = {"PARLAB_TEST_CLUSTER": str(os.getpid())}   # inherited by every process of the cluster
+
+
 def _spawned_alive(before: set) -> list:
-    """multiprocessing children started since ``before`` that are still running."""
+    """Processes of this test's clusters (they carry MARK) started since ``before``, alive.
+
+    Marked rather than machine-wide: other programs on a shared machine start processes too.
+    """
     import psutil
     alive = []
     for proc in psutil.process_iter(["pid", "cmdline", "status"]):
-        cmd = " ".join(proc.info["cmdline"] or [])
-        if (proc.info["pid"] not in before and "spawn_main" in cmd
-                and proc.info["status"] != psutil.STATUS_ZOMBIE):
-            alive.append(cmd)
+        if proc.info["pid"] in before or proc.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        try:
+            marked = proc.environ().get("PARLAB_TEST_CLUSTER") == MARK["PARLAB_TEST_CLUSTER"]
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+        if marked:
+            alive.append(" ".join(proc.info["cmdline"] or []))
     return alive
 
 
 def test_parameter_server_strategy_in_process_cluster(no_leftover_ranks):
     import psutil
 
-    from parlab.tf import parameter_server as tf_ps
-    report = tf_ps.run_cluster(num_workers=2, chunks=3, steps_per_chunk=20)
+    report = run_tf_cluster(num_workers=2, chunks=3, steps_per_chunk=20)
     assert report["variable device"].startswith("/job:ps/")
     assert all(a.startswith("127.0.0.1:") for kind in report["cluster"].values() for a in kind)
     progress = report["progress"]
@@ -193,10 +206,9 @@ def test_parameter_server_strategy_in_process_cluster(no_leftover_ranks):
 def test_parameter_server_strategy_survives_a_dead_worker_and_cleans_up(no_leftover_ranks):
     import psutil
 
-    from parlab.tf import parameter_server as tf_ps
     before = set(psutil.pids())
-    report = tf_ps.run_cluster(num_workers=2, chunks=4, steps_per_chunk=20,
-                               workers_in_process=False, kill_worker=1, kill_after_chunk=1)
+    report = run_tf_cluster(num_workers=2, chunks=4, steps_per_chunk=20,
+                            workers_in_process=False, kill_worker=1, kill_after_chunk=1, env=MARK)
     last = report["progress"][-1]
     assert report["progress"][1]["worker killed here"] and last["workers alive"] == 1
     assert last["steps run"] == last["steps scheduled"] == 80
@@ -213,7 +225,7 @@ def test_a_failing_coordinator_takes_its_servers_down(no_leftover_ranks):
     before = set(psutil.pids())
     # lr is checked by Keras only after the worker processes are up
     with pytest.raises(parlab.WorkerError, match="learning_rate"):
-        tf_ps.run_cluster(num_workers=2, chunks=1, workers_in_process=False, lr="fast")
+        run_tf_cluster(num_workers=2, chunks=1, workers_in_process=False, lr="fast", env=MARK)
     assert not _spawned_alive(before)
     with pytest.raises(ValueError, match="workers_in_process=False"):
         tf_ps.cluster_training(0, 1, kill_worker=0)

@@ -193,3 +193,40 @@ def late_member(rank, world_size, delay_s, late_rank):
         time.sleep(delay_s)
     comm.all_reduce(torch.ones(250_000))
     return rank
+
+
+def listening_during_launch(rank, world_size):
+    """Listening sockets of this rank and (rank 0) of the launching process, while all run."""
+    import psutil
+
+    def listening(proc):
+        return sorted(f"{c.laddr.ip}:{c.laddr.port}" for c in proc.net_connections("inet")
+                      if c.status == psutil.CONN_LISTEN)
+    total = comm.all_reduce(torch.tensor([float(rank)]))  # every rank has joined
+    out = {"rank": listening(psutil.Process()), "sum": float(total[0])}
+    if rank == 0:
+        out["launcher"] = listening(psutil.Process(os.getppid()))
+    comm.barrier()  # nobody leaves before every rank has looked
+    return out
+
+
+def tf_cluster_then_die(rank, world_size, pid_file):
+    """Lab 06's cluster with worker processes; the coordinator dies once they serve."""
+    import threading
+
+    import psutil
+
+    from parlab.tf import parameter_server as tf_ps
+    cluster = threading.Thread(target=tf_ps.cluster_training, args=(rank, world_size),
+                               kwargs={"workers_in_process": False, "chunks": 10**6},
+                               daemon=True)
+    cluster.start()
+    me, servers = psutil.Process(), []
+    deadline = time.monotonic() + 150
+    while len(servers) < 2 and cluster.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+        servers = [c for c in me.children()
+                   if any(s.status == psutil.CONN_LISTEN for s in c.net_connections("tcp"))]
+    with open(pid_file, "w") as fh:
+        fh.write("\n".join(str(c.pid) for c in servers))
+    os.kill(os.getpid(), signal.SIGKILL)  # like a coordinator that crashes hard

@@ -1,21 +1,21 @@
-"""Lab 06 in TensorFlow: central storage, and ParameterServerStrategy on a real cluster.
+"""Lab 06 in TensorFlow: ParameterServerStrategy on a real cluster.
 
-* ``CentralStorageStrategy`` keeps ONE copy of every variable on a parameter device (the
-  CPU) while the replicas compute on the other devices; the replicas' gradients are
-  reduced where the variables live and applied there.
 * ``ParameterServerStrategy`` with a ``ClusterCoordinator``: a coordinator (this process)
   places the variables on parameter-server tasks and schedules training steps on worker
   tasks, each of which runs them asynchronously, as soon as it is free. Every task is a
-  ``tf.distribute.Server`` addressed as 127.0.0.1 (gRPC itself binds its port on every
-  interface; TensorFlow has no setting for that).
+  ``tf.distribute.Server`` addressed as 127.0.0.1, but gRPC binds its port on every
+  interface: TensorFlow's ``GrpcServer::Init`` (grpc_server_lib.cc) listens on
+  ``"0.0.0.0:" + port`` whatever host the cluster names, and offers no setting for it.
 
 ``cluster_training`` runs the whole cluster inside one process started by
-``parlab.launch`` (so the notebook's kernel never holds gRPC servers), and stops every
-process it started before returning, also when training fails.
+``parlab.launch`` (see ``parlab.experiments.run_tf_cluster``), so the notebook's kernel
+never holds gRPC servers, and stops every process it started before returning, also
+when training fails. The servers live no
+longer than that process: worker processes die with it (parent-death signal), and stay
+in its process group, which the launcher stops after the launch whatever happened.
 """
 from __future__ import annotations
 
-import functools
 import multiprocessing
 import os
 import signal
@@ -24,15 +24,7 @@ import time
 import numpy as np
 
 from ..system import listening_addresses
-from .mirrored import free_ports
-
-HOST = "127.0.0.1"
-
-
-def central_storage(compute_devices, parameter_device: str):
-    import tensorflow as tf
-    return tf.distribute.experimental.CentralStorageStrategy(
-        compute_devices=list(compute_devices), parameter_device=parameter_device)
+from .cluster import HOST, free_ports
 
 
 # ------------------------------------------------------------------ the cluster
@@ -55,8 +47,10 @@ def _server_config(tf, threads: int):
     return config
 
 
-def _serve_forever(spec: dict, job: str, index: int, threads: int) -> None:
+def _serve_forever(spec: dict, job: str, index: int, threads: int, parent_pid: int) -> None:
     """Body of a server process: start a tf.distribute.Server and wait to be stopped."""
+    from ..processes import die_with_parent
+    die_with_parent(parent_pid)  # a coordinator that crashes takes its servers along
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     from ..hardware import quiet_tensorflow
     quiet_tensorflow()
@@ -123,8 +117,9 @@ def cluster_training(rank: int, world_size: int, num_workers: int = 2, chunks: i
     try:
         if not workers_in_process:
             ctx = multiprocessing.get_context("spawn")
-            procs = [ctx.Process(target=_serve_forever, args=(spec, "worker", i, threads),
-                                 daemon=True) for i in range(num_workers)]
+            procs = [ctx.Process(target=_serve_forever, daemon=True,
+                                 args=(spec, "worker", i, threads, os.getpid()))
+                     for i in range(num_workers)]
             for proc in procs:
                 proc.start()
         import keras
@@ -200,15 +195,3 @@ def cluster_training(rank: int, world_size: int, num_workers: int = 2, chunks: i
                 proc.kill()
         for proc in procs:
             proc.join(10)
-
-
-def run_cluster(timeout: float = 180.0, **options) -> dict:
-    """Run ``cluster_training(**options)`` in a fresh process; return its report.
-
-    The process (and every server it started) is gone when this returns, whether
-    training succeeded or not.
-    """
-    from ..launcher import launch
-    result = launch(functools.partial(cluster_training, **options), 1, process_group=False,
-                    timeout=timeout, env={"TF_CPP_MIN_LOG_LEVEL": "2"})
-    return result.results[0]

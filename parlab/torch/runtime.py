@@ -1,6 +1,6 @@
 """What a PyTorch rank sets up before its rank function runs, and tears down after.
 
-The same setup serves ``parlab.launch`` (a store hosted by the launching process) and
+The same setup serves ``parlab.launch`` (ranks meet through a file in a private folder) and
 ``torchrun`` (a process group described by environment variables), so one rank function
 runs unchanged under both.
 """
@@ -70,13 +70,16 @@ def loopback_interface() -> str | None:
 
 
 def init_rank(rank: int, world_size: int, *, backend: str, device_kind: str,
+              store_path: str | None = None,
               master_addr: str | None = None, master_port: int | None = None,
               seed: int = 0, threads: int | None = None, timeout_s: float = 600.0,
               local_rank: int | None = None) -> None:
     """Join the process group and prepare this rank's recorder.
 
-    With ``master_port`` the rank connects to a store at that address (the launcher
-    hosts it); without, it reads torchrun's environment (``env://``).
+    With ``store_path`` the ranks meet through a file store at that path (what
+    ``parlab.launch`` does: one machine, no network port); with ``master_port`` the rank
+    connects to a TCP store at that address; with neither, it reads torchrun's
+    environment (``env://``).
     """
     if threads:
         torch.set_num_threads(threads)
@@ -89,11 +92,10 @@ def init_rank(rank: int, world_size: int, *, backend: str, device_kind: str,
         # NCCL carries only CUDA tensors; a rank function that keeps some tensors on the CPU
         # (most of the course's do, to run anywhere) sends those through gloo.
         backend = "cpu:gloo,cuda:nccl"
-    if master_port is not None:
-        store = dist.TCPStore(master_addr or "127.0.0.1", master_port, world_size,
-                              is_master=False, timeout=timeout)
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                timeout=timeout)
+    if store_path is not None or master_port is not None:
+        dist.init_process_group(backend, store=_connect_store(store_path, master_addr,
+                                                              master_port, world_size, timeout),
+                                rank=rank, world_size=world_size, timeout=timeout)
     else:
         dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
     rec = trace.recorder()
@@ -101,6 +103,17 @@ def init_rank(rank: int, world_size: int, *, backend: str, device_kind: str,
     if device_kind == "cuda":
         rec.timer = CudaEventTimer(torch.cuda.current_device(), rec.timer.clock)
     align_clocks()
+
+
+def _connect_store(store_path, master_addr, master_port, world_size, timeout):
+    if store_path is not None:
+        # A file in a folder only this user can enter: unlike a TCPStore, which listens on
+        # every interface whatever host it is given, it is reachable from nowhere else.
+        store = dist.FileStore(store_path, world_size)
+        store.set_timeout(timeout)
+        return store
+    return dist.TCPStore(master_addr or "127.0.0.1", master_port, world_size,
+                         is_master=False, timeout=timeout)
 
 
 def uses_gpus() -> bool:

@@ -1,16 +1,18 @@
-"""Lab 05 in TensorFlow: MirroredStrategy on one machine, MultiWorkerMirroredStrategy
-across processes configured by TF_CONFIG.
+"""Lab 05 in TensorFlow: synchronous data parallelism. MirroredStrategy on one machine,
+MultiWorkerMirroredStrategy across processes configured by TF_CONFIG.
 
 Both keep one copy of every variable per replica (a MirroredVariable) and apply the same
-averaged update to all of them.
+averaged update to all of them. (The module is named like its PyTorch twin,
+``parlab.torch.data_parallel``: the same lab, the same idea.)
 """
 from __future__ import annotations
 
 import json
 import os
-import socket
 
 import numpy as np
+
+from .cluster import tf_config
 
 
 def _loss_fn(keras):
@@ -97,28 +99,10 @@ def strategy_fit(strategy, epochs: int = 3, batch: int = 64) -> dict:
     return hist.history
 
 
-def free_ports(n: int) -> list[int]:
-    """n ports on 127.0.0.1 that were free a moment ago (for TF_CONFIG)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def tf_config(ports, index: int) -> dict:
-    return {"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
-            "task": {"type": "worker", "index": index}}
-
-
 def multi_worker(rank: int, world_size: int, ports, steps: int = 20, global_batch: int = 64,
                  lr: float = 0.1) -> dict:
-    """Worker for ``parlab.launch(..., process_group=False)``: one TF worker per process.
+    """Rank function for ``parlab.launch(..., process_group=False)``: one TF worker task
+    per process (``parlab.experiments.run_multi_worker`` starts them).
 
     Keras 3 ``fit`` fails under MultiWorkerMirroredStrategy in this TensorFlow, so this is
     the custom loop: each worker computes on its half of every global batch, and the
