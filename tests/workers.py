@@ -118,12 +118,24 @@ def sliced_linear_layers(rank, world_size):
 PAIR_CFG = dict(sizes=(64, 64, 64, 64, 64, 10), batch_size=48, steps=3, lr=0.1)
 
 
-def strategy_on_pairs(rank, world_size, name):
-    """Run one strategy on each pair of a 4-rank launch at once: ranks (0, 1) and (2, 3).
+def strategies_on_pairs(rank, world_size, names):
+    """Run each strategy in turn on each pair of a 4-rank launch: ranks (0, 1) and (2, 3).
 
     The mesh has axes pair × member; ``mesh.group("member")`` is this rank's pair. Both
-    pairs run the same strategy at the same time, each on its own group.
+    pairs run the same strategy at the same time, each on its own group. One launch for
+    every strategy: starting 4 ranks costs more than most of the strategies' runs.
     """
+    from parlab.torch.mesh import init_mesh
+    mesh = init_mesh(pair=2, member=2)
+    out = {"pair": mesh.coord("pair"), "member": mesh.coord("member"),
+           "ranks": mesh.ranks("member"), "runs": {}}
+    for name in names:
+        out["runs"][name] = strategy_on_pairs(rank, world_size, name, mesh)["run"]
+    return out
+
+
+def strategy_on_pairs(rank, world_size, name, mesh=None):
+    """Run one strategy on each pair of a 4-rank launch at once: ranks (0, 1) and (2, 3)."""
     from parlab.splitting import SplitConfig
     from parlab.torch import data_parallel as dp
     from parlab.torch import parameter_server as ps
@@ -132,7 +144,7 @@ def strategy_on_pairs(rank, world_size, name):
     from parlab.torch import tensor_parallel as tp
     from parlab.torch.mesh import init_mesh
 
-    mesh = init_mesh(pair=2, member=2)
+    mesh = mesh or init_mesh(pair=2, member=2)
     group = mesh.group("member")
     out = {"pair": mesh.coord("pair"), "member": mesh.coord("member"), "ranks": mesh.ranks("member")}
     if name == "split":
