@@ -29,6 +29,7 @@ _LAZY = {
     "metrics": ("parlab.metrics", None),
     "plot": ("parlab.plot", None),
     "schedules": ("parlab.schedules", None),
+    "sim": ("parlab.sim", None),
     "recording": ("parlab.trace", "recording"),
     "span": ("parlab.trace", "span"),
     "splitting": ("parlab.splitting", None),

@@ -13,7 +13,6 @@ import psutil
 import pytest
 import plain_workers
 import workers
-from conftest import rank_processes
 
 import parlab
 from parlab import LaunchTimeout, WorkerError
@@ -116,26 +115,6 @@ def test_a_hang_becomes_a_timeout_that_says_where_each_rank_was(no_leftover_rank
     assert set(info.value.stuck) == {0, 1}
     assert "recv" in info.value.stuck[0] and "recv_that_never_comes" in info.value.stuck[0]
     assert "sleep" in info.value.stuck[1] or "recv_that_never_comes" in info.value.stuck[1]
-
-
-def test_twenty_launches_leak_no_process_thread_or_file(no_leftover_ranks):
-    me = psutil.Process()
-    parlab.launch(plain_workers.no_torch, 2, process_group=False)  # warm up lazy imports
-    parlab.launch(workers.sum_of_ranks, 2)
-    fds, threads = me.num_fds(), me.num_threads()
-    for i in range(20):  # plain processes: the launcher's own bookkeeping, fast
-        if i % 2:
-            with pytest.raises(WorkerError):
-                parlab.launch(plain_workers.no_torch_raises, 2, process_group=False)
-        else:
-            assert parlab.launch(plain_workers.no_torch, 2, process_group=False).results == [0, 10]
-    for _ in range(2):  # and with torch process groups, through failure and success
-        with pytest.raises(WorkerError):
-            parlab.launch(workers.raise_on_rank_1, 2)
-        parlab.launch(workers.sum_of_ranks, 2)
-    assert not rank_processes()
-    assert me.num_fds() <= fds + 2, (fds, me.num_fds())
-    assert me.num_threads() <= threads + 1, (threads, me.num_threads())
 
 
 def _start_sleeping_ranks(tmp_path, main_body: str):
