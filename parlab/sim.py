@@ -1,0 +1,328 @@
+"""A small cost model: which strategies fit in memory, and how long a step would take.
+
+Everything here is a PREDICTION, from a handful of numbers about a model and a cluster;
+labs print and plot it labelled as such, next to what was measured where they can.
+
+Communication follows the alpha-beta (Hockney) model: a message of S bytes over a link
+of latency alpha and bandwidth beta takes alpha + S / beta. A ring all-reduce over n
+ranks takes 2(n - 1) steps, each moving S / n bytes (Patarasuk & Yuan, 2009; Thakur,
+Rabenseifner & Gropp, 2005):
+
+    t_all_reduce(S, n) = 2(n - 1) alpha + 2(n - 1)/n * S / beta
+
+Compute takes flops / rate plus a fixed cost per layer and pass (launching kernels,
+Python). A pipeline of p stages and m micro-batches idles a share (p - 1)/(m + p - 1)
+of its time (GPipe, Huang et al., 2019).
+
+Mesh axes are laid out as in ``parlab.grid``: the last axis varies fastest, so its
+groups are neighbouring devices. An axis uses the fast link (inside a node) when its
+group, together with every faster axis, fits in one node; otherwise the slow one.
+
+Framework-free: no torch, no tensorflow.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from .metrics import fit_link, pipeline_bubble
+
+AXES = ("dp", "pp", "tp")      # the default order: tensor parallel innermost (fastest)
+
+
+# ------------------------------------------------------------------ links and collectives
+@dataclass(frozen=True)
+class Link:
+    """A link's latency alpha (seconds) and bandwidth beta (bytes per second)."""
+
+    latency_s: float
+    bandwidth_Bps: float
+
+    def time(self, nbytes: float) -> float:
+        return self.latency_s + nbytes / self.bandwidth_Bps
+
+    def __str__(self) -> str:
+        return f"alpha {self.latency_s * 1e6:.0f} us, beta {self.bandwidth_Bps / 1e9:.3g} GB/s"
+
+
+def send_s(nbytes: float, link: Link) -> float:
+    """One point-to-point message: alpha + S / beta."""
+    return link.time(nbytes)
+
+
+def all_reduce_s(nbytes: float, n: int, link: Link) -> float:
+    """Ring all-reduce of S bytes over n ranks: 2(n-1) alpha + 2(n-1)/n S / beta (0 if n = 1)."""
+    if n < 1:
+        raise ValueError("n must be >= 1")
+    if n == 1:
+        return 0.0
+    return 2 * (n - 1) * link.latency_s + 2 * (n - 1) / n * nbytes / link.bandwidth_Bps
+
+
+def bubble(stages: int, micro_batches: int) -> float:
+    """Idle share of a GPipe / 1F1B pipeline: (p - 1)/(m + p - 1)."""
+    return pipeline_bubble(stages, micro_batches)
+
+
+# ------------------------------------------------------------------ what runs, and where
+@dataclass(frozen=True)
+class Cluster:
+    """Devices and the links between them, as the cost model sees them."""
+
+    name: str
+    devices: int
+    memory_bytes: float             # per device
+    flops: float                    # sustained FLOP/s per device (not the datasheet peak)
+    layer_overhead_s: float         # fixed cost of one layer's forward or backward pass
+    devices_per_node: int
+    intra: Link                     # between devices of one node
+    inter: Link                     # between nodes
+    collective_overhead_s: float = 0.0   # software cost of one collective call
+
+    def link(self, group_span: int) -> Link:
+        """The link a group uses when it spans ``group_span`` consecutive devices."""
+        return self.intra if group_span <= self.devices_per_node else self.inter
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model and its training step, in the few numbers the cost model needs.
+
+    Per *sample* (a row of the batch, or one sequence of a language model):
+    flops (forward + backward), activations kept for the backward pass (split by tensor
+    parallel, and not split), the activation handed from one layer to the next (what a
+    pipeline stage sends), and the bytes tensor parallel all-reduces in a step.
+    """
+
+    name: str
+    params: float
+    layers: int                     # layers (blocks): where tp exchanges, what pp cuts
+    flops_per_sample: float
+    act_split_bytes: float          # per sample, divided among tp ranks
+    act_whole_bytes: float          # per sample, held whole by every tp rank
+    boundary_bytes: float           # per sample, between two consecutive layers
+    tp_bytes: float                 # per sample, all-reduced per step over tp
+    tp_messages: int                # all-reduces per step (per micro-batch) over tp
+    state_bytes_per_param: float    # weights + gradients + optimizer state
+    grad_bytes_per_param: float     # a gradient on the wire (data parallel)
+    dp_messages: int = 1            # all-reduces per step over dp (1: one bucket)
+
+    @classmethod
+    def mlp(cls, sizes, *, dp_messages: int = 1, name: str | None = None):
+        """The course's MLP (Linear/ReLU stack) in float32 trained with plain SGD.
+
+        tp: Megatron's column-then-row pairs: per pair the output all-reduced forward,
+        and (but for the first pair) the input's gradient backward. dp_messages: one
+        bucket per step (lab 05's ``average_gradients`` sends one per tensor: 2 per layer).
+        """
+        sizes = tuple(int(s) for s in sizes)
+        n = len(sizes) - 1
+        params = sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
+        fwd = sum(sizes[k + 2] for k in range(0, n - 1, 2))
+        bwd = sum(sizes[k] for k in range(2, n - 1, 2))
+        pairs = n // 2
+        return cls(name or f"MLP {'-'.join(map(str, sizes))}", params, n,
+                   flops_per_sample=6 * params,         # 2 forward + 4 backward per weight
+                   act_split_bytes=4 * (sum(sizes[1:]) + sum(sizes[1:-1])),
+                   act_whole_bytes=0.0,
+                   boundary_bytes=4 * max(sizes[1:-1], default=sizes[0]),
+                   tp_bytes=4 * (fwd + bwd), tp_messages=pairs + max(pairs - 1, 0),
+                   state_bytes_per_param=8, grad_bytes_per_param=4, dp_messages=dp_messages)
+
+    @classmethod
+    def transformer(cls, name: str, layers: int, hidden: int, heads: int, seq: int,
+                    vocab: int = 50257):
+        """A GPT-style decoder trained in mixed precision with Adam; a sample = a sequence.
+
+        params ~ 12 L h^2 + V h (Kaplan et al., 2020); flops ~ 6 x params per token
+        (forward 2, backward 4); activations per layer and sequence s h (34 + 5 a s / h)
+        bytes, of which 10 s h are not split by tensor parallel (Korthikanti et al., 2022,
+        eq. 1-2, without sequence parallelism or recomputation); Megatron-LM all-reduces
+        s h activations twice forward and twice backward per layer (Shoeybi et al., 2019);
+        16 bytes of state per parameter: fp16 weights and gradients, fp32 master weights
+        and Adam's two moments (Rajbhandari et al., ZeRO, 2020).
+        """
+        params = 12 * layers * hidden ** 2 + vocab * hidden
+        return cls(name, params, layers, flops_per_sample=6 * params * seq,
+                   act_split_bytes=layers * seq * hidden * (24 + 5 * heads * seq / hidden),
+                   act_whole_bytes=layers * seq * hidden * 10,
+                   boundary_bytes=2 * seq * hidden,
+                   tp_bytes=4 * layers * 2 * seq * hidden, tp_messages=4 * layers,
+                   state_bytes_per_param=16, grad_bytes_per_param=2, dp_messages=1)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A mesh shape: dp × pp × tp devices, m micro-batches, and the axes' order.
+
+    order: outermost first, the last varying fastest (innermost, the fastest links).
+    """
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    micro_batches: int = 1
+    order: tuple = AXES
+
+    @property
+    def devices(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def span(self, axis: str) -> int:
+        """Consecutive devices covered by a group of ``axis`` and every faster axis."""
+        i = self.order.index(axis)
+        return math.prod(getattr(self, a) for a in self.order[i:])
+
+    def label(self) -> str:
+        used = [f"{a} {getattr(self, a)}" for a in self.order if getattr(self, a) > 1]
+        return " × ".join(used) or "one device"
+
+
+@dataclass
+class Prediction:
+    """The cost model's answer for one plan. Every number is PREDICTED."""
+
+    plan: Plan
+    memory: dict                    # bytes per device: states, activations, total
+    fits: bool
+    parts: dict                     # seconds per step: compute, bubble, tp, pp, dp
+    links: dict = field(default_factory=dict)   # axis -> "intra" / "inter"
+
+    @property
+    def step_s(self) -> float:
+        return sum(self.parts.values())
+
+
+def predict(w: Workload, c: Cluster, plan: Plan, global_batch: int, *,
+            overlap_dp: bool = False) -> Prediction:
+    """Memory per device and the time of one training step for ``plan`` (PREDICTED).
+
+    compute: the device's share of the flops (its replica's batch, split over tp and pp)
+        plus a fixed cost per layer pass.
+    bubble: a pipeline runs m + p - 1 slots of one micro-batch's forward and backward
+        on a stage; p - 1 of them are idle (GPipe's (p-1)/(m+p-1)).
+    pp: in every slot a stage waits for an activation and a gradient from its
+        neighbours: 2 sends per slot, (m + p - 1) slots.
+    tp: every tp all-reduce on the critical path (they sit between layers).
+    dp: the all-reduce of the device's gradients, once per step; ``overlap_dp`` hides it
+        behind the backward pass (2/3 of the compute), as DDP's buckets do.
+    Every collective call also pays the cluster's ``collective_overhead_s``.
+    Memory: model states / (tp pp); activations of the micro-batches in flight (1F1B:
+    at most p on the first stage) / pp, their tp-split part / tp.
+    """
+    if plan.devices > c.devices:
+        raise ValueError(f"{plan.label()} needs {plan.devices} devices; {c.name} has {c.devices}")
+    if global_batch % plan.dp or (global_batch // plan.dp) % plan.micro_batches:
+        raise ValueError(f"a global batch of {global_batch} does not split into dp={plan.dp} "
+                         f"replicas of m={plan.micro_batches} micro-batches")
+    b = global_batch // plan.dp                  # the replica's samples
+    m, p, t = plan.micro_batches, plan.pp, plan.tp
+    link = {a: c.link(plan.span(a)) for a in plan.order}
+    # one micro-batch through one stage: its layers, thinner by tp
+    slot = (w.flops_per_sample * b / m / (t * p) / c.flops
+            + 2 * (w.layers / p) * c.layer_overhead_s)
+    parts = {"compute": m * slot, "bubble": (p - 1) * slot}
+    parts["pp"] = 0.0 if p == 1 else (m + p - 1) * 2 * send_s(w.boundary_bytes * b / m,
+                                                              link["pp"])
+    n_tp = w.tp_messages * m / p                 # the stage's all-reduces, every micro-batch
+    parts["tp"] = 0.0 if t == 1 else n_tp * (
+        all_reduce_s(w.tp_bytes * (b / m) / w.tp_messages, t, link["tp"])
+        + c.collective_overhead_s)
+    grads = w.params / (t * p) * w.grad_bytes_per_param
+    dp_s = 0.0 if plan.dp == 1 else w.dp_messages * (
+        all_reduce_s(grads / w.dp_messages, plan.dp, link["dp"]) + c.collective_overhead_s)
+    parts["dp"] = max(0.0, dp_s - 2 / 3 * parts["compute"]) if overlap_dp else dp_s
+    in_flight = b / m * min(p, m)
+    states = w.params / (t * p) * w.state_bytes_per_param
+    acts = in_flight * (w.act_split_bytes / t + w.act_whole_bytes) / p
+    memory = {"states": states, "activations": acts, "total": states + acts}
+    return Prediction(plan, memory, memory["total"] <= c.memory_bytes, parts,
+                      {a: ("intra" if link[a] is c.intra else "inter")
+                       for a in plan.order if getattr(plan, a) > 1})
+
+
+def plans(devices: int, axes=("dp", "tp"), *, micro_batches: int = 1, order=AXES) -> list[Plan]:
+    """Every way to arrange ``devices`` over ``axes`` (the others 1), dp largest first."""
+    out = []
+    for combo in _factorizations(devices, len(axes)):
+        kw = dict(zip(axes, combo))
+        if kw.get("pp", 1) > 1:
+            kw["micro_batches"] = micro_batches
+        out.append(Plan(order=order, **kw))
+    return sorted(out, key=lambda q: (-q.dp, -q.pp, q.tp))
+
+
+def _factorizations(n: int, k: int) -> list[tuple]:
+    if k == 1:
+        return [(n,)]
+    return [(d, *rest) for d in range(1, n + 1) if n % d == 0
+            for rest in _factorizations(n // d, k - 1)]
+
+
+# ------------------------------------------------------------------ calibration
+def calibrated(measured: dict, sizes, *, name: str = "this machine", devices: int = 4,
+               memory_bytes: float = 8e9) -> Cluster:
+    """A cluster from costs measured here (``parlab.torch.hybrid.calibrate``'s result).
+
+    compute: one dense MLP step at two or more batch sizes: a straight line through
+        them (least squares) gives the rate (the slope) and the fixed cost per layer pass
+        (the intercept / 2 passes / layers).
+    link: one message between two ranks takes alpha + S / beta: a straight line through
+        the message sizes (``metrics.fit_link``).
+    collective overhead: what an all-reduce within a pair costs beyond the ring model
+        on that link (2 alpha + S / beta for n = 2), the median over the sizes: the
+        library's own work per call (on CPU, gloo's).
+    Every device here talks over the same loopback, so intra and inter are one link.
+    """
+    w = Workload.mlp(sizes)
+    batches = sorted(measured["compute"])
+    xs = [w.flops_per_sample * bt for bt in batches]
+    ys = [measured["compute"][bt] for bt in batches]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)       # least squares: y = intercept + slope x
+    slope = (sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+             / max(sum((x - mx) ** 2 for x in xs), 1e-30))
+    intercept = my - slope * mx
+    sends = measured["send"]
+    fit = fit_link(list(sends), list(sends.values()))
+    link = Link(fit.latency_s, fit.bandwidth_Bps)
+    pairs = measured["all_reduce"][2]
+    extra = sorted(t - all_reduce_s(size, 2, link) for size, t in pairs.items())
+    overhead = max(extra[len(extra) // 2], 0.0)
+    return Cluster(name, devices, memory_bytes, flops=1 / max(slope, 1e-30),
+                   layer_overhead_s=max(intercept, 0.0) / (2 * w.layers),
+                   devices_per_node=devices, intra=link, inter=link,
+                   collective_overhead_s=overhead)
+
+
+def with_links(c: Cluster, *, intra: Link | None = None, inter: Link | None = None,
+               devices_per_node: int | None = None) -> Cluster:
+    """The same cluster with other links (e.g. this machine's compute, GPU links)."""
+    return replace(c, intra=intra or c.intra, inter=inter or c.inter,
+                   devices_per_node=devices_per_node or c.devices_per_node)
+
+
+# ------------------------------------------------------------------ presets
+# Hardware we do not own, from vendors' specifications; the latencies are assumptions
+# of the order nccl-tests reports for small messages, not measurements.
+#  * NVIDIA H100 SXM5 datasheet: 80 GB HBM3; 989 TFLOP/s dense BF16 (1979 with sparsity);
+#    NVLink 4: 900 GB/s per GPU in both directions together, so 450 GB/s each way.
+#  * NVIDIA DGX H100 user guide: 8 GPUs per node, 8 ConnectX-7 InfiniBand NDR ports of
+#    400 Gb/s, one per GPU: 50 GB/s per GPU between nodes.
+#  * Sustained rate: 40 % of the peak, an assumption in the range Megatron-LM reports for
+#    large models (Narayanan et al., 2021: 44-52 % of the A100's peak).
+def h100_nodes(nodes: int = 1) -> Cluster:
+    """``nodes`` DGX-H100-like nodes of 8 GPUs (figures from the datasheets above)."""
+    return Cluster(f"{nodes} node{'s' * (nodes > 1)} × 8 H100", 8 * nodes, 80e9,
+                   flops=0.4 * 989e12, layer_overhead_s=20e-6, devices_per_node=8,
+                   intra=Link(3e-6, 450e9), inter=Link(8e-6, 50e9))
+
+
+def presets() -> dict[str, Workload]:
+    """Workloads for the explorer. GPT-2 XL: 48 layers, hidden 1600, 25 heads, 1024
+    tokens (Radford et al., 2019, table 2; the seeds' 1.5 billion parameters). GPT-3:
+    96 layers, hidden 12288, 96 heads, 2048 tokens (Brown et al., 2020, table 2.1)."""
+    return {
+        "lab MLP 64-256-256-128-10": Workload.mlp((64, 256, 256, 128, 10)),
+        "GPT-2 XL (1.5 B)": Workload.transformer("GPT-2 XL", 48, 1600, 25, 1024),
+        "GPT-3 (175 B)": Workload.transformer("GPT-3", 96, 12288, 96, 2048),
+    }
