@@ -207,6 +207,25 @@ def vertical_slicing(quick: bool = False) -> list[str]:
     return lines
 
 
+# --------------------------------------------------------------------------- shares
+def _shares(timeline, windows, lanes=None) -> dict[int, dict[str, float]]:
+    """Per lane: share of compute, transfer (comm), wait and idle over the given windows."""
+    lanes = timeline.ranks if lanes is None else lanes
+    totals = {r: {"compute": 0.0, "comm": 0.0, "wait": 0.0, "idle": 0.0} for r in lanes}
+    for a, b in windows:
+        win = timeline.window(a, b)
+        for r in lanes:
+            for kind, secs in win.seconds_by_kind(r).items():
+                totals[r][kind] += secs
+    return {r: {k: v / (sum(t.values()) or 1.0) for k, v in t.items()} for r, t in totals.items()}
+
+
+def _shares_text(shares: dict, labels=None) -> str:
+    return "; ".join(f"{(labels or {}).get(r, f'rank {r}')}: compute {s['compute']:.0%}, "
+                     f"transfer {s['comm']:.0%}, wait {s['wait']:.0%}, idle {s['idle']:.0%}"
+                     for r, s in shares.items())
+
+
 # --------------------------------------------------------------------------- lab 04
 @benchmark("pipeline_bubble")
 def pipeline_bubble_bench(quick: bool = False) -> list[str]:
@@ -214,6 +233,7 @@ def pipeline_bubble_bench(quick: bool = False) -> list[str]:
 
     from parlab.experiments import run_pipeline
     from parlab.metrics import pipeline_bubble
+    from parlab.schedules import bubble_share, one_f_one_b, simulate
     from parlab.splitting import SplitConfig
     from parlab.torch import pipeline as pl
 
@@ -229,6 +249,22 @@ def pipeline_bubble_bench(quick: bool = False) -> list[str]:
         verdict = "within" if abs(measured - formula) <= 0.05 else "OUTSIDE"
         lines.append(f"p=2, m={m}: bubble measured {measured:.3f}, formula {formula:.3f}, "
                      f"|difference| {abs(measured - formula):.3f} ({verdict} the 0.05 target)")
+        # The same warm steps seen as kinds of time: the bubble is what is neither compute
+        # nor transfer (wait + idle), against the schedule simulated with the F and B
+        # durations measured in this run (messages free).
+        warm = pl.step_windows(out.timeline, 2, m)[1:]
+        shares = pl.step_shares(out.timeline, 2, m)
+        as_kinds = sum(s["wait"] + s["idle"] for s in shares.values()) / len(shares)
+        fb = {(k, r): float(np.median([s.duration for s in out.timeline if s.rank == r
+                                       and s.name[:1] == k and s.name[1:].isdigit()]))
+              for k in "FB" for r in (0, 1)}
+        predicted = bubble_share(simulate(one_f_one_b(2, m), 2, m, [fb["F", r] for r in (0, 1)],
+                                          [fb["B", r] for r in (0, 1)]))
+        costs = ", ".join(f"stage {r} F {fb['F', r] * 1e3:.2f} / B {fb['B', r] * 1e3:.2f} ms"
+                          for r in (0, 1))
+        lines.append(f"      per rank over the {len(warm)} warm steps: {_shares_text(shares)}")
+        lines.append(f"      bubble as wait + idle {as_kinds:.3f}; predicted {predicted:.3f} by "
+                     f"simulating 1F1B with the measured costs ({costs}; formula {formula:.3f})")
     lines.append(f"throughput gain of m=8 over m=1: {step[1] / step[8]:.2f}x "
                  f"(the formula's ideal: {(1 - pipeline_bubble(2, 8)) / (1 - pipeline_bubble(2, 1)):.2f}x)")
     return lines
@@ -243,15 +279,22 @@ def data_parallel_bench(quick: bool = False) -> list[str]:
     from parlab.torch import data_parallel as dp
 
     steps = 8 if quick else 14
-    step = {}
+    step, shares = {}, {}
     for n in (1, 2, 1, 2):  # interleaved, best of two: the machine's drift hits both
         res = launch(dp.train_data_parallel, n, args=("ddp", "conv_stack", 256, steps, 0.05))
         step.setdefault(n, []).append(float(np.median(res.results[0]["step_s"][2:])))
+        if n == 2 and step[2][-1] == min(step[2]):
+            # the warm steps of the faster 2-device run: main threads, and the lanes
+            # where DDP's bucket all-reduces ran in the background
+            warm = res.timeline.step_windows("forward")[2:]
+            shares = _shares(res.timeline, warm)
     one, two = min(step[1]), min(step[2])
     speedup = one / two
     lines = [f"data parallel (DDP), conv_stack, global batch 256: 1 device {one * 1e3:.1f} ms, "
              f"2 devices {two * 1e3:.1f} ms per step: speed-up {speedup:.2f}x "
              f"(target >= 1.6: {'meets' if speedup >= 1.6 else 'MISSES'})"]
+    lanes = {0: "rank 0 main", 1: "rank 1 main", 2: "rank 0 buckets", 3: "rank 1 buckets"}
+    lines.append(f"2 devices, warm steps, per lane: {_shares_text(shares, lanes)}")
     for n in (2, 4):
         recs = launch(dp.ring_bandwidth, n, args=((2**20, 2**22, 2**24),)).results[0]
         ratios = []
@@ -291,4 +334,32 @@ def parameter_server_bench(quick: bool = False) -> list[str]:
                      "contention predicts 2.00x)")
         lines.append(f"{model}: mean staleness async {a['all']:.2f} updates (fast worker "
                      f"{a[1]:.2f}, slow worker {a[2]:.2f}); sync {stale['sync']['all']:.2f}")
+    return lines
+
+
+# --------------------------------------------------------------------------- lab 07
+@benchmark("hybrid")
+def hybrid_bench(quick: bool = False) -> list[str]:
+    """Step time and bytes per axis of dp × tp and dp × pp meshes of 4 ranks, one launch.
+
+    Ratios are to pure data parallel (dp 4), measured in the same launch; each step time
+    is a median over steps, next to the cost model's PREDICTED one (calibrated in that
+    launch too).
+    """
+    from parlab.experiments import survey_hybrid
+
+    survey = survey_hybrid(steps=6 if quick else 12)
+    rows = {r["label"]: r for r in survey["rows"]}
+    lines = [f"cost model calibrated here: link {survey['cluster'].intra}, collective overhead "
+             f"{survey['cluster'].collective_overhead_s * 1e3:.2f} ms"]
+    for model_axis in ("tp", "pp"):
+        base = rows[f"dp 4 × {model_axis} 1"]["measured_s"]
+        for label, r in rows.items():
+            if model_axis not in r["shape"]:
+                continue
+            moved = ", ".join(f"{a} {r['bytes'][a] / 1e3:,.1f} kB (formula "
+                              f"{r['expected_bytes'][a] / 1e3:,.1f})" for a in ("dp", model_axis))
+            lines.append(f"{label}: step {r['measured_s'] * 1e3:6.2f} ms = "
+                         f"{r['measured_s'] / base:4.2f}x dp 4 (PREDICTED "
+                         f"{r['predicted'].step_s * 1e3:6.2f} ms); per rank per step: {moved}")
     return lines

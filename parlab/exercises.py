@@ -110,6 +110,25 @@ register(Exercise(
 ))
 
 
+def _collective_wait(compute_s):
+    # a collective ends for nobody before its last member arrives (all start together)
+    slowest = max(compute_s)
+    return [slowest - c for c in compute_s]
+
+
+register(Exercise(
+    name="collective_wait",
+    reference=_collective_wait,
+    cases=[([1.0, 2.0, 3.0, 4.0],), ([5.0],), ([0.2, 0.2],), ([3.0, 1.0, 2.0],),
+           ([0.004, 0.009, 0.013, 0.018],)],
+    hint="every rank starts its computation at the same moment and then joins the same "
+         "all-reduce, which cannot start moving data before every rank has joined. Who "
+         "joins last, and how long has each of the others been there by then?",
+    close=lambda got, want: len(got) == len(want) and all(
+        math.isclose(g, w, rel_tol=1e-9, abs_tol=1e-12) for g, w in zip(got, want)),
+))
+
+
 # --------------------------------------------------------------------------- lab 01
 def _mlp_activation_bytes(sizes, batch_size):
     # every Linear output, and the ReLU output after each hidden Linear, in float32
@@ -124,32 +143,84 @@ register(Exercise(
          "each ReLU (after every Linear but the last) as many again; a float32 is 4 bytes.",
 ))
 
+OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adam": 2}   # tensors kept per parameter
+
+
+def _training_state_bytes(sizes, optimizer):
+    params = sum(i * o + o for i, o in zip(sizes[:-1], sizes[1:]))   # weights + biases
+    return 4 * params * (2 + OPTIMIZER_SLOTS[optimizer])              # + gradients + slots
+
+
+register(Exercise(
+    name="training_state_bytes",
+    reference=_training_state_bytes,
+    cases=[((64, 256, 256, 128, 10), "adam"), ((64, 256, 256, 128, 10), "sgd"),
+           ((64, 10), "momentum"), ((8, 32, 8), "adam"), ((3, 5, 7, 2), "sgd")],
+    hint="a Linear(i, o) has a weight of i x o numbers and a bias of o. Training keeps the "
+         "parameters, one gradient per parameter, and whatever the optimizer keeps per "
+         "parameter: plain SGD nothing, SGD with momentum one running average, Adam two. "
+         "A float32 is 4 bytes.",
+))
+
 
 # --------------------------------------------------------------------------- lab 02
 def check_split(bounds, costs, n_devices: int, names=None) -> float:
-    """Say how balanced a learner's split is, compared with the best possible one.
+    """Say how balanced a learner's split is, and which stage to lighten if it is not.
 
+    bounds: the cut points, or a function returning them (an unfilled one raising
+    ``NotImplementedError`` makes the lab go on with the best split, and it says so).
     costs: measured time (or any cost) per layer. Returns the busiest-over-mean ratio.
+    The best split is never shown: only how far from the best ratio the learner is, and
+    which stage carries too much.
     """
     from .splitting import balance, check_bounds, imbalance, stage_costs
+    best = balance(costs, n_devices)
+    best_ratio = imbalance(costs, best)
+    if callable(bounds):
+        try:
+            bounds = bounds()
+        except NotImplementedError:
+            print(f"[split] not attempted yet: the lab goes on with the split by measured time "
+                  f"(busiest / mean = {best_ratio:.2f}). Fill in your cut points and run this "
+                  "cell again.")
+            return best_ratio
     try:
         bounds = check_bounds(bounds, len(costs), n_devices)
     except ValueError as exc:
         print(f"[split] not a valid split: {exc}")
         return float("inf")
     ratio = imbalance(costs, bounds)
-    best = balance(costs, n_devices)
-    best_ratio = imbalance(costs, best)
     stages = stage_costs(costs, bounds)
     share = ", ".join(f"{s / sum(stages):.0%}" for s in stages)
     print(f"[split] {bounds}: the stages get {share} of the work; busiest / mean = {ratio:.2f}")
     if ratio <= best_ratio * 1.02:
-        print(f"[split] as balanced as it gets (the best split, {best}, has {best_ratio:.2f}).")
+        print(f"[split] correct: as balanced as a split into {n_devices} contiguous stages of "
+              "these layers can be.")
     else:
-        where = f" (cut before {', '.join(names[b] for b in best)})" if names else ""
-        print(f"[split] the best split is {best}{where} with {best_ratio:.2f}: "
-              f"look for the cut that brings the biggest stage closest to 1/{n_devices} of the total.")
+        edges = [0, *bounds, len(costs)]
+        k = max(range(len(stages)), key=lambda i: stages[i])
+        layers = (f"layers {names[edges[k]]} .. {names[edges[k + 1] - 1]}" if names
+                  else f"layers {edges[k]} .. {edges[k + 1] - 1}")
+        print(f"[split] not yet the best: stage {k} ({layers}) carries {stages[k] / sum(stages):.0%} "
+              f"of the work, where 1/{n_devices} would be {1 / n_devices:.0%}. A better split "
+              f"reaches busiest / mean = {best_ratio:.2f}. Move a cut next to stage {k} so that "
+              "a neighbour takes some of its layers, and compare the measured times again.")
     return ratio
+
+
+def _split_bytes_per_step(batch_size, cut_widths):
+    # every cut: the activation goes forward and its gradient (same shape) comes back
+    return sum(2 * 4 * batch_size * w for w in cut_widths)
+
+
+register(Exercise(
+    name="split_bytes_per_step",
+    reference=_split_bytes_per_step,
+    cases=[(64, [256]), (64, [128]), (32, [256, 128]), (1, [10]), (100, [64, 64, 64]), (8, [])],
+    hint="at a cut, the first device hands on the activation it computed: batch x width "
+         "float32 numbers (4 bytes each). Think about the backward pass too: what must come "
+         "back across the same cut, and how big is it?",
+))
 
 
 # --------------------------------------------------------------------------- lab 03
@@ -201,6 +272,24 @@ def check_row_parallel(fn, world_size: int = 2):
     return fn
 
 
+def _column_row_bytes(sizes, batch_size, world_size):
+    from .torch.tensor_parallel import expected_comm_bytes
+    return expected_comm_bytes(sizes, batch_size, world_size, "column_row")["total"]
+
+
+register(Exercise(
+    name="column_row_bytes",
+    reference=_column_row_bytes,
+    cases=[((64, 256, 256, 128, 10), 64, 2), ((64, 256, 256, 128, 10), 64, 4),
+           ((64, 10, 10), 32, 2), ((16, 8, 8, 8, 8, 4, 4), 5, 2), ((32, 64, 32), 100, 8)],
+    hint="layers go in pairs (column-parallel, then row-parallel). Forward: one all-reduce "
+         "per pair, of the pair's output. Backward: one all-reduce per pair, of the gradient "
+         "of the pair's input, except where no gradient is needed at all. Count each rank's "
+         "buffer (batch x width float32 numbers): does an all-reduce's buffer shrink with "
+         "the number of ranks?",
+))
+
+
 # --------------------------------------------------------------------------- lab 04
 def check_schedule(fn, cases=((2, 4), (3, 5), (4, 8))):
     """Check a learner's 1F1B schedule builder ``fn(stages, micro_batches)``.
@@ -232,6 +321,25 @@ def check_schedule(fn, cases=((2, 4), (3, 5), (4, 8))):
             return one_f_one_b
     print(f"[1f1b] correct: valid, deadlock-free and within 1F1B's memory bound on {len(cases)} cases.")
     return fn
+
+
+def _pipeline_step_time(stages, micro_batches, forward_s, backward_s):
+    from .schedules import one_f_one_b, simulate
+    return simulate(one_f_one_b(stages, micro_batches), stages, micro_batches,
+                    forward_s, backward_s).duration
+
+
+register(Exercise(
+    name="pipeline_step_time",
+    reference=_pipeline_step_time,
+    cases=[(2, 4, 1.0, 2.0), (2, 1, 1.0, 2.0), (4, 8, 0.5, 1.0), (3, 5, 0.3, 0.7),
+           (1, 6, 1.0, 2.0), (4, 3, 2.0, 1.0)],
+    hint="follow micro-batch 0's forward down the stages and the last micro-batch's "
+         "backward back up: how many forward-and-backward slots does the step last? "
+         "Equal stages, free messages: every stage does m forwards and m backwards, and "
+         "the pipeline needs time to fill and to drain.",
+    close=lambda got, want: math.isclose(got, want, rel_tol=1e-6),
+))
 
 
 # --------------------------------------------------------------------------- lab 05
@@ -284,6 +392,25 @@ def check_average_gradients(fn, world_size: int = 2):
     return fn
 
 
+def _ring_chunk(position, step, world_size, phase):
+    # as parlab.torch.data_parallel.ring_all_reduce: position r of n, step k
+    if phase == "reduce-scatter":
+        return (position - step) % world_size
+    return (position + 1 - step) % world_size
+
+
+register(Exercise(
+    name="ring_chunk",
+    reference=_ring_chunk,
+    cases=[(r, k, n, ph) for n in (2, 3, 4, 5) for ph in ("reduce-scatter", "all-gather")
+           for r in range(n) for k in range(n - 1)],
+    hint="in the reduce-scatter, position r starts by sending its own chunk r, and each step "
+         "it sends on the chunk it has just added to. After n-1 steps position r holds the "
+         "finished sum of one chunk (which one?): the all-gather starts by sending that one, "
+         "and then sends on whatever finished chunk just arrived.",
+))
+
+
 # --------------------------------------------------------------------------- lab 06
 def _rule_problem(fn) -> str | None:
     """What is wrong with an update rule on small known tensors (None: nothing)."""
@@ -301,10 +428,18 @@ def _rule_problem(fn) -> str | None:
                         "(`shard -= ...` or `shard.sub_(...)`).")
             return "`shard` is unchanged after the call: apply the gradient to it, in place."
         if not torch.allclose(shard, want, atol=1e-6):
-            hint = (" (the gradient was added: a descent step subtracts it)"
-                    if torch.allclose(shard, before + 0.1 * grad, atol=1e-6) else "")
-            return (f"with lr 0.1 and staleness {staleness}, `shard` should become "
-                    f"shard - lr * grad, applied as the push arrives{hint}.")
+            step = shard - before
+            where = f"with lr 0.1 and staleness {staleness}"
+            if torch.allclose(step, 0.1 * grad, atol=1e-6):
+                return (f"{where}, the parameters moved along the gradient, uphill: the loss "
+                        "would grow. Gradient descent goes the other way.")
+            scale = float((step @ -grad) / (grad @ grad))
+            if torch.allclose(step, -scale * grad, atol=1e-6):
+                return (f"{where}, the parameters moved the right way, but by {scale:.3g} times "
+                        "the gradient: how far should one step go? (Plain SGD does not use "
+                        "the staleness.)")
+            return (f"{where}, the parameters did not move against their gradient: each "
+                    "number of `shard` should move against its own number of `grad`.")
     return None
 
 
@@ -345,6 +480,212 @@ def check_update_rule(fn, steps: int = 40):
           f"{len(applied)} pushes from 2 workers: loss {first:.2f} -> {last:.2f}, test accuracy "
           f"{accuracy(results):.0%}.")
     return fn
+
+
+def _push_staleness(events):
+    # an asynchronous server: every push is applied at once (one more version); a pull
+    # reads the current version; a push's staleness is the updates since its worker read
+    version, read, out = 0, {}, []
+    for action, worker in events:
+        if action == "pull":
+            read[worker] = version
+        else:
+            out.append(version - read[worker])
+            version += 1
+    return out
+
+
+register(Exercise(
+    name="push_staleness",
+    reference=_push_staleness,
+    cases=[([("pull", 1), ("pull", 2), ("push", 1), ("pull", 1), ("push", 2), ("pull", 2)],),
+           ([("pull", 1), ("push", 1), ("pull", 1), ("push", 1)],),
+           ([("pull", 1), ("pull", 2), ("pull", 3), ("push", 3), ("pull", 3), ("push", 3),
+             ("push", 1), ("push", 2)],),
+           ([("pull", 2), ("pull", 1), ("push", 1), ("pull", 1), ("push", 1), ("pull", 1),
+             ("push", 1), ("pull", 1), ("push", 2), ("pull", 2)],)],
+    hint="keep a version number that the server increases with every gradient it applies, "
+         "and remember which version each worker last read. A worker's own earlier pushes "
+         "do not make its next gradient stale if it pulled after them.",
+    close=lambda got, want: list(got) == list(want),
+))
+
+
+# --------------------------------------------------------------------------- lab 07
+MESH_CASES = ({"dp": 2, "tp": 2}, {"dp": 3, "tp": 2}, {"dp": 2, "pp": 2, "tp": 2},
+              {"dp": 2, "pp": 3, "tp": 2})
+
+
+def mesh_groups_reference(shape: dict) -> dict:
+    """Every line of the mesh along each axis: ``parlab.grid.Grid(**shape).lines(axis)``."""
+    from .grid import Grid
+    grid = Grid(**shape)
+    return {a: grid.lines(a) for a in grid.axes}
+
+
+def _as_groups(groups):
+    return [[int(r) for r in g] for g in groups]
+
+
+def _mesh_problems(groups: dict, shape: dict) -> list[str]:
+    """What is wrong with a learner's groups for one mesh shape, in words (none: [])."""
+    from .grid import Grid
+    grid = Grid(**shape)
+    world, want = grid.world_size, mesh_groups_reference(shape)
+    name = grid.describe()
+    if not isinstance(groups, dict) or set(groups) != set(grid.axes):
+        got = sorted(groups) if isinstance(groups, dict) else type(groups).__name__
+        return [f"for {name}: return a dict with one list of groups per axis "
+                f"{list(grid.axes)}; got {got}"]
+    problems = []
+    for axis in grid.axes:
+        try:
+            mine = _as_groups(groups[axis])
+        except (TypeError, ValueError):
+            problems.append(f"for {name}: {axis} must be a list of groups, each a list of "
+                            f"ranks, e.g. {want[axis][0]}")
+            continue
+        if sorted(map(sorted, mine)) == sorted(map(sorted, want[axis])):
+            unordered = [g for g in mine if g != sorted(g)]
+            if unordered:
+                problems.append(
+                    f"for {name}: the {axis} group {unordered[0]} holds the right ranks in the "
+                    f"wrong order: position i of a line is coordinate i along {axis} (a "
+                    f"pipeline's stage i, a slice's index), so list it as {sorted(unordered[0])}")
+            continue
+        flat = [r for g in mine for r in g]
+        outside = sorted({r for r in flat if not 0 <= r < world})
+        missing = sorted(set(range(world)) - set(flat))
+        twice = sorted({r for r in flat if flat.count(r) > 1})
+        sizes = sorted({len(g) for g in mine})
+        if outside:
+            problems.append(f"for {name}: ranks {outside} do not exist; the mesh has ranks "
+                            f"0 .. {world - 1}")
+        elif missing or twice:
+            what = [f"{missing} in no group" if missing else "",
+                    f"{twice} in more than one" if twice else ""]
+            problems.append(f"for {name}: the {axis} groups must share out all {world} ranks, "
+                            f"each in exactly one group; yours have "
+                            f"{' and '.join(w for w in what if w)}")
+        elif sizes != [grid.shape[axis]]:
+            problems.append(f"for {name}: each {axis} group has {axis} = {grid.shape[axis]} "
+                            f"ranks, one per coordinate along {axis}; yours have {sizes}")
+        else:
+            same_as = [o for o in grid.axes if o != axis
+                       and sorted(map(sorted, mine)) == sorted(map(sorted, want[o]))]
+            if same_as:
+                last = grid.axes[-1]
+                problems.append(
+                    f"for {name}: your {axis} groups are the {same_as[0]} groups: the last axis "
+                    f"({last}) varies fastest, so neighbouring ranks differ in {last} "
+                    f"(stride 1), and each axis before it strides over all the axes after it. "
+                    f"The {axis} groups are {want[axis]}")
+            else:
+                problems.append(f"for {name}: {mine} are not lines along {axis}: a line varies "
+                                f"the {axis} coordinate and keeps every other; expected "
+                                f"{want[axis]}")
+    return problems
+
+
+def _mesh_group_ranks(rank: int, world_size: int, groups: dict) -> dict:
+    """On each rank: build the learner's groups as process groups, all-reduce the rank."""
+    import torch
+    import torch.distributed as dist
+
+    from .torch import comm
+    sums = {}
+    for axis, lines in groups.items():
+        mine = None
+        for line in lines:              # collective: every rank builds every group, in order
+            pg = dist.new_group(line)
+            if rank in line:
+                mine = (line, pg)
+        x = torch.tensor([float(rank)])
+        comm.all_reduce(x, group=mine[1], name=f"{axis} all_reduce")
+        sums[axis] = {"group": mine[0], "sum": float(x)}
+    return sums
+
+
+def check_mesh_groups(fn, cases=MESH_CASES):
+    """Check a learner's ``fn(shape) -> {axis: [[ranks], ...]}`` against ``parlab.grid``.
+
+    First the arithmetic, for every shape of ``cases`` (2-D and 3-D meshes), in words.
+    Then the first shape's groups are built as process groups on real ranks (when they
+    share out the ranks), and an all-reduce of each rank's number on each group is
+    compared with the sum over the rank's true line. Returns the function to use next.
+    """
+    from .grid import Grid
+    problems, wrong_shapes = [], []
+    for shape in cases:
+        try:
+            groups = fn(dict(shape))
+        except NotImplementedError:
+            print("[mesh_groups] not attempted yet: the lab goes on with the reference "
+                  "(parlab.grid). Fill in the function and run this cell again.")
+            return mesh_groups_reference
+        except Exception as exc:  # noqa: BLE001 - reported to the learner in words
+            found = [f"for {Grid(**shape).describe()}: {type(exc).__name__}: {exc}"]
+        else:
+            found = _mesh_problems(groups, shape)
+        if found and not problems:
+            problems = found                    # the first wrong mesh, every axis of it
+        elif found:
+            wrong_shapes.append(Grid(**shape).describe())
+    if wrong_shapes:
+        problems.append(f"also wrong for {', '.join(wrong_shapes)}")
+    first, grid = cases[0], Grid(**cases[0])
+    want = mesh_groups_reference(first)
+    try:
+        groups = {a: _as_groups(g) for a, g in fn(dict(first)).items()}
+        runnable = all(sorted(r for g in groups[a] for r in g) == list(grid)
+                       for a in grid.axes)
+        same_sets = all(sorted(map(sorted, groups[a])) == sorted(map(sorted, want[a]))
+                        for a in grid.axes)
+    except Exception:  # noqa: BLE001 - already reported above
+        runnable = same_sets = False
+    if runnable and same_sets and problems:
+        pass        # only the order within a group is wrong: sums cannot show that
+    elif runnable:
+        from .launcher import launch
+        results = launch(_mesh_group_ranks, grid.world_size, args=(groups,), timeout=60).results
+        for axis in grid.axes:        # the first rank whose sum is wrong, per axis
+            for rank, res in enumerate(results):
+                line = grid.line(rank, axis)
+                if res[axis]["sum"] != sum(line):
+                    problems.append(
+                        f"on real ranks ({grid.describe()}): rank {rank}'s {axis} all-reduce "
+                        f"summed ranks {res[axis]['group']} = {res[axis]['sum']:.0f}; its {axis} "
+                        f"line {line} gives {sum(line)}")
+                    break
+    else:
+        problems.append(f"not run on real ranks: the groups for {grid.describe()} do not share "
+                        "out the ranks, so they cannot all be built")
+    if problems:
+        shown = "\n  ".join(problems)
+        print(f"[mesh_groups] not yet right:\n  {shown}\n"
+              "The lab goes on with the reference (parlab.grid).")
+        return mesh_groups_reference
+    print(f"[mesh_groups] correct for {len(cases)} meshes, "
+          f"{', '.join(Grid(**c).describe() for c in cases)}; on {grid.world_size} real ranks "
+          f"every all-reduce on your {grid.describe()} groups summed its rank's true line.")
+    return fn
+
+
+def _allreduce_seconds(nbytes, n, latency_s, bandwidth_Bps):
+    from .sim import Link, all_reduce_s
+    return all_reduce_s(nbytes, n, Link(latency_s, bandwidth_Bps))
+
+
+register(Exercise(
+    name="allreduce_seconds",
+    reference=_allreduce_seconds,
+    cases=[(s, n, a, b) for s in (4, 2**20, 2**30) for n in (1, 2, 4, 8)
+           for a, b in ((5e-6, 25e9), (50e-6, 1.5e9))],
+    hint="a ring all-reduce is a reduce-scatter then an all-gather. In each phase every rank "
+         "sends n-1 messages in turn, each a chunk of 1/n of the buffer, and every message "
+         "pays the link's latency once before its bytes flow at its bandwidth. One rank has "
+         "nobody to talk to.",
+))
 
 
 # --------------------------------------------------------------------------- student copy

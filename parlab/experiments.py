@@ -219,7 +219,7 @@ PART_LABELS = {"compute": "compute", "bubble": "pipeline bubble (idle)",
                "tp": "tp all-reduces", "pp": "pp sends", "dp": "dp all-reduce"}
 
 
-def plot_step_parts(entries, *, title: str, ax=None, unit: str = "ms", memory_bytes=None):
+def plot_step_parts(entries, *, title: str, ax=None, unit: str = "ms"):
     """Stacked bars of PREDICTED step times (dotted), a measured bar beside each if given.
 
     entries: (label, ``sim.Prediction``, measured seconds or None). A plan that does not
@@ -296,8 +296,8 @@ def strategy_explorer(here=None, *, global_batches=None):
                                  "GPT-3 (175 B)": 1536}
     model = w.Dropdown(options=list(workloads), description="model")
     cluster = w.Dropdown(options=list(clusters), description="cluster")
-    tp = w.Dropdown(description="tp")
-    pp = w.Dropdown(description="pp")
+    tp = w.SelectionSlider(options=[1], description="tp", continuous_update=False)
+    pp = w.SelectionSlider(options=[1], description="pp", continuous_update=False)
     micro = w.Dropdown(options=[("whole batch", 0)] + [(f"{k} samples", k) for k in
                                                        (1, 2, 4, 8, 16, 32, 64)],
                        value=0, description="micro-batch")

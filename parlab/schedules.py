@@ -108,12 +108,20 @@ def _needs(done, s, kind, i, stages) -> str:
     return f"B{i} on stage {s + 1}"
 
 
-def simulate(schedule, stages: int, micro_batches: int, forward_s: float = 1.0,
-             backward_s: float = 2.0, transfer_s: float = 0.0) -> Timeline:
+def simulate(schedule, stages: int, micro_batches: int, forward_s=1.0,
+             backward_s=2.0, transfer_s: float = 0.0) -> Timeline:
     """The schedule's timeline under a cost model: every F takes ``forward_s``, every B
     ``backward_s``, every hand-over between stages ``transfer_s``. A prediction, not a
-    measurement; plot it with ``parlab.plot.timeline(..., predicted=True)``."""
+    measurement; plot it with ``parlab.plot.timeline(..., predicted=True)``.
+
+    forward_s, backward_s: one number for every stage, or one per stage (e.g. measured
+    on each stage: uneven stages make a bubble the formula does not have)."""
     check(schedule, stages, micro_batches)
+    fwd = list(forward_s) if hasattr(forward_s, "__len__") else [forward_s] * stages
+    bwd = list(backward_s) if hasattr(backward_s, "__len__") else [backward_s] * stages
+    if len(fwd) != stages or len(bwd) != stages:
+        raise ValueError(f"give one forward and one backward time per stage ({stages}), got "
+                         f"{len(fwd)} and {len(bwd)}")
     finish: dict[tuple[int, str, int], float] = {}
     free = [0.0] * stages
     pos = [0] * stages
@@ -130,7 +138,7 @@ def simulate(schedule, stages: int, micro_batches: int, forward_s: float = 1.0,
                 if kind == "B" and s < stages - 1:
                     deps.append(finish[(s + 1, "B", i)] + transfer_s)
                 start = max([free[s], *deps])
-                end = start + (forward_s if kind == "F" else backward_s)
+                end = start + (fwd[s] if kind == "F" else bwd[s])
                 finish[(s, kind, i)] = free[s] = end
                 spans.append(Span(s, COMPUTE, f"{kind}{i}", start, end))
                 pos[s] += 1

@@ -15,10 +15,14 @@ def pipeline_explorer(cfg, forward_s: float = 1.0, backward_s: float = 2.0, tran
     from . import plot, schedules
     from .metrics import pipeline_bubble
 
-    p = w.IntSlider(value=2, min=1, max=4, description="stages p")
-    m = w.IntSlider(value=4, min=1, max=8, description="micro-batches m")
-    name = w.Dropdown(options=["gpipe", "1f1b"], value="1f1b", description="schedule")
-    measure = w.Button(description="measure it", tooltip="runs p ranks (a few seconds)")
+    # labels as wide as they need (the default 80 px cuts "micro-batches m" short)
+    style, wide = {"description_width": "initial"}, w.Layout(width="360px")
+    p = w.IntSlider(value=2, min=1, max=4, description="stages p", style=style, layout=wide)
+    m = w.IntSlider(value=4, min=1, max=8, description="micro-batches m", style=style, layout=wide)
+    name = w.Dropdown(options=["gpipe", "1f1b"], value="1f1b", description="schedule", style=style,
+                      layout=w.Layout(width="220px"))
+    measure = w.Button(description="measure it", tooltip="runs p ranks (a few seconds)",
+                       layout=w.Layout(width="140px"))
     out = w.Output()
 
     def draw_prediction(*_):

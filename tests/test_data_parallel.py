@@ -21,8 +21,12 @@ def test_data_parallel_equals_one_device_on_the_global_batch(mode, world_size, n
             np.testing.assert_array_equal(r["state"][k], out.results[0]["state"][k])
     if mode == "ddp":
         assert out.results[0]["buckets_per_step"] >= 2          # 0.1 MB buckets: several
-        lanes = {s.rank for s in out.timeline if "bucket" in s.name}
+        lanes = {s.rank for s in out.timeline if "bucket all_reduce" in s.name}
         assert lanes == set(range(world_size, 2 * world_size))  # drawn on background lanes
+        # on the main lanes, backward() is split: computing, then waiting for the buckets
+        waits = {s.rank for s in out.timeline if s.name == "wait for buckets" and s.kind == "wait"}
+        assert waits == set(range(world_size))
+        assert out.results[0]["buckets_each_step"][1:] == [out.results[0]["buckets_each_step"][-1]] * (steps - 1)
 
 
 def test_fp16_compression_halves_the_bytes_and_stays_close(no_leftover_ranks):

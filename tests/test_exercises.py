@@ -59,3 +59,65 @@ def test_student_copy_of_the_labs_has_no_solutions(tmp_path):
             if cell["cell_type"] == "code":
                 assert cell["outputs"] == [] and cell["execution_count"] is None
     assert stripped >= 1
+
+
+def test_every_exercise_accepts_its_reference_and_falls_back_when_unfilled(capsys):
+    assert len(exercises.EXERCISES) >= 8
+    for name, ex in exercises.EXERCISES.items():
+        assert exercises.check(name, ex.reference) is ex.reference
+        assert "correct on all" in capsys.readouterr().out
+
+        def todo(*args):
+            raise NotImplementedError("your code here")
+        assert exercises.check(name, todo) is ex.reference
+        assert "not attempted yet" in capsys.readouterr().out, name
+
+
+def test_second_exercises_catch_the_usual_mistakes(capsys):
+    def all_wait(compute_s):                      # forgot that the slowest does not wait
+        return [max(compute_s)] * len(compute_s)
+    assert exercises.check("collective_wait", all_wait) is not all_wait
+    def forgot_gradients(sizes, optimizer):
+        params = sum(i * o + o for i, o in zip(sizes[:-1], sizes[1:]))
+        return 4 * params * (1 + {"sgd": 0, "momentum": 1, "adam": 2}[optimizer])
+    assert exercises.check("training_state_bytes", forgot_gradients) is not forgot_gradients
+    def gpipe_without_fill(p, m, f, b):
+        return m * (f + b)
+    assert exercises.check("pipeline_step_time", gpipe_without_fill) is not gpipe_without_fill
+    def pushes_count(events):                     # every push counted, pulls ignored
+        return list(range(sum(a == "push" for a, _ in events)))
+    assert exercises.check("push_staleness", pushes_count) is not pushes_count
+    out = capsys.readouterr().out
+    assert out.count("not yet right") == 4 and "Hint" in out
+
+
+def test_check_split_says_which_stage_to_lighten_but_never_the_answer(capsys):
+    from parlab.splitting import balance
+    costs = [5.0, 1.0, 1.0, 1.0, 1.0, 1.0, 4.0, 2.0]
+    best = balance(costs, 3)
+    wrong = [1, 2] if best != [1, 2] else [6, 7]
+    exercises.check_split(wrong, costs, 3)
+    out = capsys.readouterr().out
+    assert "not yet the best" in out and "stage" in out and str(best) not in out
+    exercises.check_split(lambda: best, costs, 3)
+    assert "correct" in capsys.readouterr().out
+
+    def todo():
+        raise NotImplementedError
+    ratio = exercises.check_split(todo, costs, 3)
+    assert "not attempted yet" in capsys.readouterr().out and ratio < 2
+
+
+def test_update_rule_hints_do_not_state_the_rule():
+    def uphill(shard, grad, lr, staleness):
+        shard += lr * grad
+    def unscaled(shard, grad, lr, staleness):
+        shard -= grad
+    for rule in (uphill, unscaled):
+        problem = exercises._rule_problem(rule)
+        assert problem and "lr * grad" not in problem and "- lr" not in problem
+    assert "uphill" in exercises._rule_problem(uphill)
+    assert "by 1 times the gradient" in exercises._rule_problem(unscaled)
+    def right(shard, grad, lr, staleness):
+        shard -= lr * grad
+    assert exercises._rule_problem(right) is None

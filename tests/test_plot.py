@@ -45,9 +45,12 @@ def test_utilization_bandwidth_and_scaling_draw():
 def test_name_colours_follow_the_given_order():
     def legend(fig):
         return [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    tl = Timeline([Span(0, COMPUTE, "backward", 0.0, 0.002), Span(0, COMPUTE, "forward", 0.002, 0.004)])
-    assert legend(plot.timeline(tl, color_by="name"))[:2] == ["backward", "forward"]
-    assert legend(plot.timeline(tl, color_by="name", order=("forward",)))[:2] == ["forward", "backward"]
+    tl = Timeline([Span(0, COMPUTE, "backward", 0.0, 0.002), Span(0, COMPUTE, "forward", 0.002, 0.004),
+                   Span(0, COMPUTE, "zeta", 0.004, 0.005), Span(0, COMPUTE, "alpha", 0.005, 0.006)])
+    # known phases in the order of a step, others as first seen, whatever the order of the spans
+    assert legend(plot.timeline(tl, color_by="name"))[:4] == ["forward", "backward", "zeta", "alpha"]
+    assert legend(plot.timeline(tl, color_by="name", order=("alpha", "backward")))[:4] == [
+        "alpha", "backward", "forward", "zeta"]
 
 
 def test_curves_and_staleness_draw():
@@ -60,3 +63,86 @@ def test_curves_and_staleness_draw():
     fig = plot.staleness(records, labels={1: "fast", 2: "slow"})
     fig.canvas.draw()
     assert len(fig.axes) == 2 and plt.get_fignums() == []
+
+
+def _drawn(fig):
+    """Draw a (closed) figure on an Agg canvas, as the notebook's inline backend does."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    FigureCanvasAgg(fig).draw()
+    return fig.canvas.get_renderer()
+
+
+def _bar_colors(fig):
+    """{label text on the legend: (facecolor, hatch)}."""
+    leg = fig.axes[0].get_legend()
+    return {t.get_text(): (h.get_facecolor(), h.get_hatch())
+            for t, h in zip(leg.get_texts(), leg.legend_handles)}
+
+
+def test_legend_says_transfer_and_wait_is_told_apart_from_it():
+    legend = _bar_colors(plot.timeline(_timeline()))
+    assert "transfer" in legend and "communication" not in legend
+    assert legend["transfer"][0] != legend["wait"][0]
+    assert legend["wait"][1] and not legend["transfer"][1]      # wait is also hatched
+
+
+def test_a_phase_keeps_its_colour_in_every_figure():
+    a = Timeline([Span(0, COMPUTE, "forward", 0.0, 0.002), Span(0, COMPUTE, "backward", 0.002, 0.006)])
+    b = Timeline([Span(0, COMPUTE, "update", 0.0, 0.001), Span(0, COMPUTE, "B3", 0.001, 0.003),
+                  Span(0, COMPUTE, "F0", 0.003, 0.004), Span(0, COMPUTE, "backward", 0.004, 0.005)])
+    ca, cb = _bar_colors(plot.timeline(a, color_by="name")), _bar_colors(plot.timeline(b, color_by="name"))
+    assert ca["backward"][0] == cb["backward"][0] == cb["B (backward)"][0]
+    assert ca["forward"][0] == cb["F (forward)"][0]
+    assert len({ca["forward"][0], ca["backward"][0], cb["update"][0]}) == 3
+    # and the kinds' colours are never used for a phase
+    kinds = {plot.COLORS[k] for k in (COMM, WAIT)}
+    assert all(plot.phase_color(n) not in kinds for n in ("forward", "backward", "update", "data"))
+
+
+def test_labels_that_do_not_fit_their_bar_are_left_out():
+    tl = Timeline([Span(0, COMPUTE, "forward", 0.0, 0.050),
+                   Span(0, COMPUTE, "a rather long name for a short bar", 0.050, 0.051)])
+    fig = plot.timeline(tl)
+    _drawn(fig)
+    shown = {t.get_text(): t.fits for t in fig.axes[0].texts}
+    assert shown == {"forward": True, "a rather long name for a short bar": False}
+
+
+def test_legends_sit_beside_the_data_and_fonts_are_large():
+    for fig in (plot.timeline(_timeline()), plot.utilization(_timeline()),
+                plot.curves({"a": ([0, 1], [1, 2])}, xlabel="x", ylabel="y", title="t"),
+                plot.scaling([1, 2], [1.0, 0.6])):
+        renderer = _drawn(fig)
+        ax = fig.axes[0]
+        legend_box = ax.get_legend().get_window_extent(renderer)
+        assert legend_box.x0 >= ax.get_window_extent(renderer).x1   # right of the axes
+        assert min(t.get_fontsize() for t in ax.get_yticklabels()) >= 12
+    assert plot.text_color(plot.COLORS[COMPUTE]) == "white"
+    assert plot.text_color(plot.COLORS[COMM]) == "black"
+
+
+def test_index_colours_follow_the_number_in_the_name():
+    tl = Timeline([Span(r, COMPUTE, f"t{t}", 0.001 * (t + r), 0.001 * (t + r + 1))
+                   for r in range(2) for t in range(4)])
+    fig = plot.timeline(tl, color_by="index")
+    bars = {}
+    for patch, seg in zip(fig.axes[0].patches,
+                          [s for r in tl.ranks for s in tl.segments(r)]):
+        if seg.kind == COMPUTE:
+            bars.setdefault(seg.name, set()).add(patch.get_facecolor())
+    assert all(len(c) == 1 for c in bars.values())       # t2 has one colour on every lane
+    assert len({next(iter(c)) for c in bars.values()}) == 4
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()][:2] == ["t0", "t1"]
+
+
+def test_stacked_timelines_share_the_longest_time_axis_and_keep_their_width():
+    short = Timeline([Span(0, COMPUTE, "F0", 0.0, 0.010)])
+    long = Timeline([Span(0, COMPUTE, "F0", 0.0, 0.010), Span(0, COMPUTE, "B0", 0.010, 0.050)])
+    fig, axes = plt.subplots(2, 1, figsize=(12, 5), sharex=True)
+    plot.timeline(long, ax=axes[0], color_by="name")
+    plot.timeline(short, ax=axes[1], color_by="name", legend=False)
+    fig.tight_layout()
+    assert axes[0].get_xlim() == axes[1].get_xlim() == (0.0, 50.0)
+    assert axes[1].get_legend() is None
+    assert axes[0].get_position().width > 0.6     # labels outside the axes take no layout room
+    plt.close(fig)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import sys
 import time
 
 import numpy as np
@@ -81,6 +82,53 @@ def _wait_listening(spec: dict, procs, timeout: float = 60.0) -> None:
             time.sleep(0.1)
 
 
+class _StderrToFile:
+    """Send this process's stderr (fd 2, Python's sys.stderr and TensorFlow's logger) to a
+    file, and so that of every process it starts meanwhile; restore all on exit.
+
+    A killed worker makes TensorFlow's coordinator log dozens of gRPC errors (C++ and
+    Python), one per lost step; the report summarises them in a line instead.
+    """
+
+    def __init__(self):
+        import tempfile
+        self.file = tempfile.NamedTemporaryFile("w+", prefix="parlab-ps-cluster-",
+                                                suffix=".log", delete=False)
+        self.path = self.file.name
+
+    def __enter__(self):
+        import logging
+        sys.stderr.flush()
+        self.saved_fd, self.saved_stderr = os.dup(2), sys.stderr
+        os.dup2(self.file.fileno(), 2)
+        sys.stderr = self.file
+        self.handlers = [(h, h.setStream(self.file)) for h in logging.getLogger("tensorflow").handlers
+                         if isinstance(h, logging.StreamHandler)]
+        return self
+
+    def __exit__(self, *exc):
+        self.file.flush()
+        for handler, stream in self.handlers:
+            handler.setStream(stream)
+        sys.stderr = self.saved_stderr
+        os.dup2(self.saved_fd, 2)
+        os.close(self.saved_fd)
+        return False
+
+    def summary(self, killed_worker: int) -> dict:
+        self.file.seek(0)
+        lines = [line for line in self.file.read().splitlines() if line.strip()]
+        self.file.close()
+        kinds = sorted({k for k in ("UnavailableError", "Socket closed", "Connection reset by peer",
+                                    "Connection refused", "CANCELLED")
+                        if any(k in line for line in lines)})
+        text = (f"TensorFlow logged {len(lines)} lines of errors while worker {killed_worker} "
+                f"was gone ({', '.join(kinds) or 'no error named'}): the coordinator lost the "
+                "steps running there and scheduled them again on the other worker. "
+                f"Full log: {self.path}")
+        return {"lines": len(lines), "log": self.path, "summary": text}
+
+
 def cluster_training(rank: int, world_size: int, num_workers: int = 2, chunks: int = 8,
                      steps_per_chunk: int = 25, batch: int = 32, lr: float = 0.05,
                      workers_in_process: bool = True, kill_worker: int | None = None,
@@ -95,6 +143,8 @@ def cluster_training(rank: int, world_size: int, num_workers: int = 2, chunks: i
     cluster, fast to start); False gives each worker a process of its own, which is what
     lets ``kill_worker`` (a worker index) really die, by SIGKILL, right after chunk
     ``kill_after_chunk`` is scheduled. The parameter server always lives in this process.
+    While a worker is killed, TensorFlow's error messages (every process's stderr) go to a
+    file; the report's "errors" summarises them in one line.
     """
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     from ..hardware import quiet_tensorflow
@@ -114,6 +164,9 @@ def cluster_training(rank: int, world_size: int, num_workers: int = 2, chunks: i
     spec = cluster_spec(num_workers)
     procs = []
     started = time.perf_counter()
+    capture = _StderrToFile() if kill_worker is not None else None
+    if capture:
+        capture.__enter__()       # before the workers start: they inherit it
     try:
         if not workers_in_process:
             ctx = multiprocessing.get_context("spawn")
@@ -184,14 +237,25 @@ def cluster_training(rank: int, world_size: int, num_workers: int = 2, chunks: i
                              "workers alive": (num_workers if workers_in_process
                                                else sum(p.is_alive() for p in procs))})
         kernel = model.trainable_variables[0]
-        return {"cluster": spec, "listening": addresses, "startup_s": startup_s,
-                "progress": progress,
-                "test_accuracy": float((np.argmax(model(xt).numpy(), 1) == yt).mean()),
-                "variable device": getattr(kernel, "value", kernel).device,
-                "server pids": [p.pid for p in procs], "coordinator pid": os.getpid()}
+        report = {"cluster": spec, "listening": addresses, "startup_s": startup_s,
+                  "progress": progress,
+                  "test_accuracy": float((np.argmax(model(xt).numpy(), 1) == yt).mean()),
+                  "variable device": getattr(kernel, "value", kernel).device,
+                  "server pids": [p.pid for p in procs], "coordinator pid": os.getpid()}
+        del coordinator, strategy, model    # the dead worker's last complaints, still captured
+        import gc
+        gc.collect()
+        if capture:
+            capture.__exit__(None, None, None)
+            report["errors"], capture = capture.summary(kill_worker), None
+        return report
     finally:
         for proc in procs:           # a server never returns by itself: stop it
             if proc.is_alive():
                 proc.kill()
         for proc in procs:
             proc.join(10)
+        if capture:                  # training failed: what TensorFlow said goes with it
+            capture.__exit__(None, None, None)
+            capture.file.seek(0)
+            sys.stderr.write(capture.file.read()[-4000:])

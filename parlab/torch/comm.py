@@ -26,7 +26,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ..trace import COMM, recorder, span
+from ..trace import COMM, WAIT, recorder, span
 from .groups import axis_of, pg_of
 
 __all__ = ["all_gather", "all_reduce", "all_reduce_async", "barrier", "broadcast", "get_rank",
@@ -113,9 +113,13 @@ def isend(tensor: torch.Tensor, dst: int, *, group=None, tag: int = 0, name: str
 
 
 def wait_all(works) -> None:
-    """Wait for pending ``isend`` operations (recorded as one communication span)."""
+    """Wait for pending ``isend`` operations, recorded as one wait span.
+
+    The data left when the sends were posted; what remains is waiting for the receivers
+    to take them (a stage that runs ahead of its neighbour waits here at the end).
+    """
     if works:
-        with span("wait sends", COMM, 0):
+        with span("wait sends", WAIT, 0):
             for work in works:
                 work.wait()
 

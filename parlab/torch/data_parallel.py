@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..trace import span
+from ..trace import COMPUTE, WAIT, recorder, span
 from . import comm, runtime, training
 from .groups import as_group
 
@@ -120,23 +120,40 @@ def train_data_parallel(rank: int, world_size: int, mode: str = "by_hand", model
     net = training.build_model(model, seed=seed).to(device)  # the same weights on every replica
     # DDP's bucket all-reduces run on a background lane of their own, after the ranks' lanes
     state = {"lane": world_size + rank, "compress": mode == "ddp_fp16", "group": g.pg}
+    # DDP's backward() returns only once every bucket's all-reduce has completed: on a
+    # CPU, where host times are exact, the last gradient's arrival splits it into the
+    # backward computation and the wait for the buckets still travelling.
+    split_backward = mode.startswith("ddp") and device.type == "cpu"
+    last_grad = [0.0]
     if mode.startswith("ddp"):
         from torch.nn.parallel import DistributedDataParallel
         net = DistributedDataParallel(net, bucket_cap_mb=bucket_mb, process_group=g.pg)
         net.register_comm_hook(state, traced_hook)
+        if split_backward:
+            for p in net.parameters():
+                p.register_post_accumulate_grad_hook(
+                    lambda _p: last_grad.__setitem__(0, time.perf_counter()))
     opt = torch.optim.SGD(net.parameters(), lr=lr)
     loss_fn = nn.CrossEntropyLoss()
     batches = training.digit_batches(model, global_batch)
-    out = {"losses": [], "step_s": []}
+    out = {"losses": [], "step_s": [], "buckets_each_step": []}
     for step in range(steps):
+        buckets_before = state.get("buckets", 0)
         x, y = training.on_device(*next(batches), device, rows)
         runtime.synchronize()
         t0 = time.perf_counter()
         opt.zero_grad()
         with span("forward"):
             loss = loss_fn(net(x), y)
-        with span("backward"):
-            loss.backward()            # DDP: buckets are all-reduced in the background here
+        if split_backward:
+            b0 = time.perf_counter()
+            loss.backward()            # buckets are all-reduced in the background meanwhile
+            b1 = time.perf_counter()
+            recorder().add("backward", COMPUTE, b0, last_grad[0])
+            recorder().add("wait for buckets", WAIT, last_grad[0], b1)
+        else:
+            with span("backward"):
+                loss.backward()        # DDP on a GPU: bucket waiting included
         if mode == "by_hand":
             average_gradients(net, g)
         elif mode == "ring":
@@ -148,6 +165,7 @@ def train_data_parallel(rank: int, world_size: int, mode: str = "by_hand", model
         runtime.synchronize()
         out["step_s"].append(time.perf_counter() - t0)
         out["losses"].append(loss.item())
+        out["buckets_each_step"].append(state.get("buckets", 0) - buckets_before)
     module = net.module if hasattr(net, "module") else net
     out["state"] = training.state_numpy(module)
     out["buckets_per_step"] = state.get("buckets", 0) / steps

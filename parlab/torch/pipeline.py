@@ -163,6 +163,28 @@ def measured_bubble(timeline, stages: int, micro_batches: int, skip_steps: int =
     return float(np.mean(shares))
 
 
+def step_shares(timeline, stages: int, micro_batches: int, skip_steps: int = 1,
+                ranks=None) -> dict[int, dict[str, float]]:
+    """Per stage: shares of compute, transfer ("comm"), wait and idle over the F/B part of
+    the steps after the first ``skip_steps`` (the same windows as ``measured_bubble``).
+
+    The bubble seen as kinds of time is what is neither compute nor transfer: wait + idle.
+    Shares are averaged over the steps, each step weighing the same (as in
+    ``measured_bubble``), so one step stretched by the machine does not dominate.
+    """
+    windows = step_windows(timeline, stages, micro_batches, ranks)[skip_steps:]
+    ranks = list(range(stages)) if ranks is None else list(ranks)
+    kinds = ("compute", "comm", "wait", "idle")
+    totals = {r: dict.fromkeys(kinds, 0.0) for r in ranks}
+    for a, b in windows:
+        win = timeline.window(a, b)
+        for r in ranks:
+            secs = win.seconds_by_kind(r)
+            for k in kinds:
+                totals[r][k] += secs[k] / ((b - a) or 1.0) / len(windows)
+    return totals
+
+
 def step_windows(timeline, stages: int, micro_batches: int,
                  ranks=None) -> list[tuple[float, float]]:
     """(start, end) of the F/B part of every step, for cutting the timeline."""
