@@ -123,7 +123,7 @@ def test_the_update_rule_exercise_says_what_is_wrong(capsys, no_leftover_ranks):
         raise NotImplementedError
 
     assert parlab.exercises.check_update_rule(adds) is ps.sgd_update
-    assert "subtracts" in capsys.readouterr().out
+    assert "uphill" in capsys.readouterr().out      # says what went wrong, not the rule
     assert parlab.exercises.check_update_rule(out_of_place) is ps.sgd_update
     assert "in place" in capsys.readouterr().out
     assert parlab.exercises.check_update_rule(not_yet) is ps.sgd_update

@@ -3,6 +3,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -215,6 +216,10 @@ def test_parameter_server_strategy_survives_a_dead_worker_and_cleans_up(no_lefto
     assert last["mean loss"] < report["progress"][0]["mean loss"]
     assert not [p for p in report["server pids"] + [report["coordinator pid"]] if psutil.pid_exists(p)]
     assert not _spawned_alive(before)
+    # TensorFlow's gRPC complaints went to a file, summarised in one line (lab 06 prints it)
+    errors = report["errors"]
+    assert errors["lines"] > 0 and "worker 1" in errors["summary"] and errors["log"] in errors["summary"]
+    assert "UnavailableError" in Path(errors["log"]).read_text()
 
 
 def test_a_failing_coordinator_takes_its_servers_down(no_leftover_ranks):
