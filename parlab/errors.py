@@ -1,6 +1,22 @@
 """The errors a launch can end with. They name the rank and say what to change."""
 from __future__ import annotations
 
+import operator
+
+
+def whole_number(value) -> int | None:
+    """``value`` as an int if it is a whole number (Python or numpy), else None.
+
+    A bool is not a count (``True`` is not 1 device), and 2.0 is not a whole number: the
+    one rule every setting that counts something checks before its own error message.
+    """
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
 
 class WorkerError(RuntimeError):
     """A rank raised an exception or died; the other ranks were stopped.

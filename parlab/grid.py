@@ -17,6 +17,8 @@ import math
 import operator
 from typing import Iterator
 
+from .errors import whole_number
+
 __all__ = ["Grid"]
 
 
@@ -28,11 +30,8 @@ class Grid:
             raise ValueError("a mesh needs at least one axis, e.g. init_mesh(dp=4)")
         shape = {}
         for name, size in axes.items():
-            try:
-                size = operator.index(size)     # accepts numpy integers, refuses 2.0 and True
-            except TypeError:
-                size = None
-            if size is None or isinstance(axes[name], bool) or size < 1:
+            size = whole_number(size)           # numpy integers yes; 2.0 and True no
+            if size is None or size < 1:
                 raise ValueError(f"mesh axis {name}={axes[name]!r}: each axis size must be a "
                                  "whole number >= 1")
             shape[name] = size

@@ -6,9 +6,10 @@ speed is that of a share of this machine's cores, and the lab says so.
 """
 from __future__ import annotations
 
-import operator
 import os
 from dataclasses import dataclass
+
+from .errors import whole_number
 
 # Each simulated PyTorch device is a process holding its own interpreter and torch
 # (~250 MB resident): past this many they mostly measure the operating system.
@@ -49,13 +50,10 @@ class DeviceSet:
 
 
 def _check_count(n) -> int:
-    try:  # Python or numpy whole numbers; never a bool (True is not 1 device)
-        if isinstance(n, bool):
-            raise TypeError
-        count = operator.index(n)
-    except TypeError:
+    count = whole_number(n)
+    if count is None:
         raise ValueError(f"the number of devices must be a whole number, got {n!r} "
-                         f"({type(n).__name__}): pass e.g. parlab.devices(2)") from None
+                         f"({type(n).__name__}): pass e.g. parlab.devices(2)")
     if count < 1:
         raise ValueError(f"the number of devices must be at least 1, got {count}")
     return count

@@ -15,7 +15,6 @@ import contextlib
 import math
 import multiprocessing as mp
 import numbers
-import operator
 import os
 import re
 import shutil
@@ -30,7 +29,7 @@ from multiprocessing.connection import wait
 from typing import Any, Callable, Sequence
 
 from . import _worker
-from .errors import LaunchTimeout, TeardownWarning, WorkerError
+from .errors import LaunchTimeout, TeardownWarning, WorkerError, whole_number
 from .hardware import DeviceSet, cpu_count, devices as describe_devices
 from .trace import Span, Timeline
 
@@ -128,13 +127,10 @@ def launch(fn: Callable, world_size: int, args: Sequence = (), *,
 # --------------------------------------------------------------------------- settings
 def _whole_number(name: str, value, minimum: int | None, example: str) -> int:
     """``value`` as an int: Python or numpy whole numbers, never a bool (True is not 1)."""
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        number = operator.index(value)
-    except TypeError:
+    number = whole_number(value)
+    if number is None:
         raise ValueError(f"{name}= must be a whole number, got {value!r} "
-                         f"({type(value).__name__}): pass e.g. {example}.") from None
+                         f"({type(value).__name__}): pass e.g. {example}.")
     if minimum is not None and number < minimum:
         raise ValueError(f"{name}= must be at least {minimum}, got {number}: "
                          f"pass e.g. {example}.")
@@ -157,10 +153,7 @@ def _check_port(port) -> None:
     """``port`` is only checked: ranks meet through a file, no launch opens a port."""
     if port is None:
         return
-    try:
-        number = None if isinstance(port, bool) else operator.index(port)
-    except TypeError:
-        number = None
+    number = whole_number(port)
     if number is None or not 0 <= number <= 65535:
         raise ValueError(f"port= must be None or a port number from 0 to 65535, got {port!r}. "
                          "It can be left out: the ranks meet through a file in a private "
