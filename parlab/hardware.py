@@ -3,6 +3,23 @@
 A simulated device is one process on the CPU (PyTorch, gloo backend) or one logical CPU
 device (TensorFlow). It shows how a strategy works and what it communicates, but its
 speed is that of a share of this machine's cores, and the lab says so.
+
+Modes (``parlab.devices(n, mode=...)``, or for every lab at once the environment variable
+``PARLAB_DEVICES``):
+
+* ``"auto"`` (default): ``n`` real GPUs when at least ``n`` are visible, else ``n``
+  simulated CPU devices.
+* ``"cpu"``: always simulate on the CPU.
+* ``"gpu"``: demand ``n`` real GPUs, one per rank; too few is an error.
+* ``"shared-gpu"``: ``n`` ranks share the visible GPU(s) (rank r computes on
+  ``cuda:r % gpus``). NCCL refuses two ranks on one GPU ("Duplicate GPU detected",
+  NVIDIA/nccl#418), so their messages are staged through host memory and carried by gloo;
+  the timeline counts that staging as transfer. TensorFlow instead splits GPU 0 into ``n``
+  logical GPUs (``tf.config.set_logical_device_configuration`` with a memory limit each).
+
+Which of "cpu" and "shared-gpu" is faster for an N-device lab on one GPU has not been
+measured yet (no GPU was available when this was written): "auto" keeps the CPU until
+``python -m parlab bench`` (its "shared GPU vs CPU" line) has been run on a GPU.
 """
 from __future__ import annotations
 
@@ -14,6 +31,13 @@ from .errors import whole_number
 # Each simulated PyTorch device is a process holding its own interpreter and torch
 # (~250 MB resident): past this many they mostly measure the operating system.
 MAX_SIMULATED = 32
+
+MODES = ("auto", "cpu", "gpu", "shared-gpu")
+MODE_ENV = "PARLAB_DEVICES"   # a mode for every lab of a session, e.g. PARLAB_DEVICES=shared-gpu
+
+# Memory each logical TensorFlow GPU may use in shared-GPU mode: TensorFlow needs a limit
+# per logical device (tf.config.LogicalDeviceConfiguration(memory_limit=...), in MiB).
+LOGICAL_GPU_MB = 2048
 
 
 @dataclass(frozen=True)
@@ -28,9 +52,10 @@ class DeviceSet:
     names: tuple[str, ...]
     gpus_found: int
     reason: str
+    shared: bool = False    # several ranks per GPU, messages through host memory
 
     def label(self, rank: int) -> str:
-        suffix = " (simulated)" if self.simulated else ""
+        suffix = " (simulated)" if self.simulated else " (shared)" if self.shared else ""
         return f"rank {rank} · {self.names[rank]}{suffix}"
 
     def labels(self) -> dict[int, str]:
@@ -41,6 +66,14 @@ class DeviceSet:
             how = ("processes on the CPU, gloo backend" if self.framework == "torch"
                    else "logical CPU devices sharing one thread pool")
             return f"{self.n} simulated device{'s' * (self.n > 1)} ({how}): {self.reason}"
+        if self.shared:
+            gpus = sorted(set(self.names))
+            if self.framework == "tf":
+                return (f"{self.n} logical GPU{'s' * (self.n > 1)} split from 1 GPU "
+                        f"({LOGICAL_GPU_MB} MiB each): {self.reason}")
+            return (f"{self.n} rank{'s' * (self.n > 1)} sharing {len(gpus)} GPU"
+                    f"{'s' * (len(gpus) > 1)} ({', '.join(gpus)}), messages through host "
+                    f"memory (gloo): {self.reason}")
         return f"{self.n} real GPU{'s' * (self.n > 1)} ({self.backend}): {', '.join(self.names)}"
 
     __str__ = describe
@@ -69,23 +102,55 @@ def _check_simulate(simulate) -> bool | None:
                      f"{simulate!r}")
 
 
-def devices(n: int, *, simulate: bool | None = None, framework: str = "torch") -> DeviceSet:
+def _check_mode(mode, simulate) -> str:
+    """The mode asked for: mode=, else simulate= (the older spelling), else $PARLAB_DEVICES."""
+    if mode is not None and simulate is not None:
+        raise ValueError(f"pass either mode= or simulate=, not both (got mode={mode!r}, "
+                         f"simulate={simulate!r}): simulate=True is mode='cpu', "
+                         "simulate=False is mode='gpu'.")
+    if simulate is not None:
+        return "cpu" if simulate else "gpu"
+    if mode is None:
+        mode = os.environ.get(MODE_ENV, "").strip() or "auto"
+        if mode not in MODES:
+            raise ValueError(f"the environment variable {MODE_ENV}={mode!r} is not a device "
+                             f"mode: set it to one of {', '.join(MODES)}, or unset it.")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(repr(m) for m in MODES)}, got "
+                         f"{mode!r}")
+    return mode
+
+
+def devices(n: int, *, simulate: bool | None = None, framework: str = "torch",
+            mode: str | None = None) -> DeviceSet:
     """Describe the ``n`` devices a lab will use.
 
-    simulate=None (default): real GPUs when at least ``n`` are visible, else ``n``
-    simulated CPU devices. simulate=True: always simulate. simulate=False: demand real
-    GPUs; too few is a ``ValueError``.
+    mode="auto" (default, or ``$PARLAB_DEVICES``): real GPUs when at least ``n`` are
+    visible, else ``n`` simulated CPU devices. mode="cpu": always simulate. mode="gpu":
+    demand ``n`` real GPUs; too few is a ``ValueError``. mode="shared-gpu": ``n`` ranks
+    share the visible GPU(s), messages through host memory (see the module's notes).
+    simulate=True / False is the older spelling of mode="cpu" / "gpu".
     """
     n = _check_count(n)
     simulate = _check_simulate(simulate)
     if framework not in ("torch", "tf"):
         raise ValueError(f"framework must be 'torch' or 'tf', got {framework!r}")
+    mode = _check_mode(mode, simulate)
+    simulate = {"auto": None, "cpu": True, "gpu": False, "shared-gpu": None}[mode]
     gpus = _count_gpus(framework)
+    if mode == "shared-gpu":
+        return _shared_gpu(n, framework, gpus)
+    if simulate is False and gpus == 0:
+        raise ValueError(
+            f"{n} real GPU{'s' * (n > 1)} {'were' if n > 1 else 'was'} demanded "
+            "(simulate=False / mode='gpu') but none is visible: pass mode='auto' or "
+            "mode='cpu' to simulate the devices on the CPU.")
     if simulate is False and gpus < n:
         raise ValueError(
-            f"{n} real GPUs were demanded (simulate=False) but {gpus} "
+            f"{n} real GPUs were demanded (simulate=False / mode='gpu') but {gpus} "
             f"{'is' if gpus == 1 else 'are'} visible: ask for at most {gpus} devices, "
-            "or pass simulate=None to simulate them on the CPU.")
+            "or pass mode='auto' to simulate them on the CPU"
+            + (", or mode='shared-gpu' to share the GPU." if gpus else "."))
     if simulate is not True and gpus >= n:
         if framework == "torch":
             import torch.distributed as dist
@@ -113,6 +178,26 @@ def devices(n: int, *, simulate: bool | None = None, framework: str = "torch") -
         backend = "logical"
         _configure_logical_cpus(n)
     return DeviceSet(n, framework, "cpu", True, backend, names, gpus, reason)
+
+
+def _shared_gpu(n: int, framework: str, gpus: int) -> DeviceSet:
+    """``n`` ranks (torch) or logical GPUs (tf) on the visible GPU(s)."""
+    if gpus == 0:
+        raise ValueError(
+            f"mode='shared-gpu' needs a GPU, but {'torch' if framework == 'torch' else 'TensorFlow'}"
+            " sees none: use mode='cpu' (or 'auto') to simulate the devices on the CPU"
+            + (f", or unset {MODE_ENV}." if os.environ.get(MODE_ENV) else "."))
+    if framework == "torch":
+        if n > MAX_SIMULATED:
+            raise ValueError(f"{n} ranks sharing a GPU would be {n} processes each holding "
+                             f"its own torch and CUDA context; use at most {MAX_SIMULATED}.")
+        names = tuple(f"cuda:{r % gpus}" for r in range(n))
+        return DeviceSet(n, framework, "cuda", False, "gloo", names, gpus,
+                         "shared-GPU mode requested", shared=True)
+    _configure_logical_gpus(n)
+    names = tuple(f"/device:GPU:{i}" for i in range(n))
+    return DeviceSet(n, framework, "cuda", False, "logical", names, gpus,
+                     "shared-GPU mode requested", shared=True)
 
 
 def quiet_tensorflow() -> None:
@@ -144,6 +229,31 @@ def _configure_logical_cpus(n: int) -> None:
                 f"TensorFlow already runs with {have} logical CPU device(s) and cannot be "
                 f"changed to {n} in this process: restart the kernel and call "
                 f"parlab.devices({n}, framework='tf') before any other TensorFlow code."
+            ) from exc
+
+
+def _configure_logical_gpus(n: int) -> None:
+    """Split GPU 0 into ``n`` logical TensorFlow GPUs of ``LOGICAL_GPU_MB`` each.
+
+    Like logical CPUs this must precede any TF op ("Virtual devices cannot be modified
+    after being initialized"). It serves strategies that place work on devices of this
+    process (MirroredStrategy, CentralStorageStrategy, tf.device placement, DTensor);
+    MultiWorkerMirroredStrategy and parameter servers run separate processes, each of which
+    sees the whole GPU. Not run on a GPU yet: see the README's GPU section.
+    """
+    import tensorflow as tf
+    gpu = tf.config.list_physical_devices("GPU")[0]
+    try:
+        tf.config.set_logical_device_configuration(
+            gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=LOGICAL_GPU_MB)
+                  for _ in range(n)])
+    except RuntimeError as exc:  # TF initialised already: only a restart can change it
+        have = len(tf.config.list_logical_devices("GPU"))
+        if have != n:
+            raise ValueError(
+                f"TensorFlow already runs with {have} logical GPU(s) and cannot be changed "
+                f"to {n} in this process: restart the kernel and call parlab.devices({n}, "
+                "framework='tf', mode='shared-gpu') before any other TensorFlow code."
             ) from exc
 
 

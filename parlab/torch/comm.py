@@ -18,6 +18,14 @@ Counters advance whether or not recording is on, so keys stay aligned across ran
 tensor sent or received, the tensor all-reduced or broadcast, this rank's contribution to
 an all-gather, and the full input of a reduce-scatter. How many bytes actually cross the
 links depends on the algorithm: see ``parlab.metrics.bus_factor``.
+
+Ranks that share one GPU (``parlab.devices(n, mode="shared-gpu")``) cannot use NCCL,
+which refuses two ranks on one device (NVIDIA/nccl#418), and gloo sends and receives only
+CPU tensors (torch.distributed's backend table). There every CUDA tensor is staged: copied
+to host memory, carried by gloo, copied back. The copies are recorded as communication
+spans of their own ("... · to host", "... · to GPU", 0 bytes, so bytes are not counted
+twice): they are part of moving the message, and come before the matched span so that a
+rank's own copy is never mistaken for waiting on its peers.
 """
 from __future__ import annotations
 
@@ -27,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from ..trace import COMM, WAIT, recorder, span
+from . import runtime
 from .groups import axis_of, pg_of
 
 __all__ = ["all_gather", "all_reduce", "all_reduce_async", "barrier", "broadcast", "get_rank",
@@ -84,6 +93,38 @@ def _traced(name: str, tensor_bytes: int, group, peer: int | None = None, kind: 
     return span(name, kind, tensor_bytes, peer=peer, axis=axis_of(pg_of(group)), key=key)
 
 
+# ----------------------------------------------------------------- host staging
+def _staged(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` must travel through host memory (see the module's notes)."""
+    how = runtime.host_staging()
+    return how == "all" or (how == "cuda" and tensor.device.type != "cpu")
+
+
+def _to_host(tensor: torch.Tensor, name: str) -> torch.Tensor:
+    with span(f"{name} · to host", COMM, 0):
+        # copy=True: a fresh buffer even when the tensor is on the CPU already (the path
+        # the tests force); .to() from CUDA waits for the copy, so the span holds it.
+        return tensor.detach().to("cpu", copy=True)
+
+
+def _to_device(tensor: torch.Tensor, host: torch.Tensor, name: str) -> None:
+    with span(f"{name} · to GPU" if tensor.device.type != "cpu" else f"{name} · back", COMM, 0):
+        tensor.copy_(host)
+
+
+class _StagedWork:
+    """A pending operation on a host copy: keeps the copy alive until it is waited for."""
+
+    def __init__(self, work, host):
+        self.work, self.host = work, host
+
+    def wait(self, *args):
+        return self.work.wait(*args)
+
+    def __getattr__(self, name):
+        return getattr(self.work, name)
+
+
 def get_rank(group=None) -> int:
     """This rank's position in ``group`` (its global rank for the default group)."""
     return dist.get_rank(pg_of(group))
@@ -96,8 +137,9 @@ def get_world_size(group=None) -> int:
 
 def send(tensor: torch.Tensor, dst: int, *, group=None, tag: int = 0, name: str = "send") -> None:
     key = message_key("send", dist.get_rank(), dst, group, tag)
+    wire = _to_host(tensor, name) if _staged(tensor) else tensor
     with _traced(name, nbytes(tensor), group, peer=dst, key=key):
-        dist.send(tensor, dst, group=pg_of(group), tag=tag)
+        dist.send(wire, dst, group=pg_of(group), tag=tag)
 
 
 def isend(tensor: torch.Tensor, dst: int, *, group=None, tag: int = 0, name: str = "isend"):
@@ -108,6 +150,10 @@ def isend(tensor: torch.Tensor, dst: int, *, group=None, tag: int = 0, name: str
     Pipelines need this: two neighbours each blocking in a send to the other deadlock.
     """
     key = message_key("isend", dist.get_rank(), dst, group, tag)
+    if _staged(tensor):
+        host = _to_host(tensor, name)
+        with _traced(name, nbytes(tensor), group, peer=dst, key=key):
+            return _StagedWork(dist.isend(host, dst, group=pg_of(group), tag=tag), host)
     with _traced(name, nbytes(tensor), group, peer=dst, key=key):
         return dist.isend(tensor, dst, group=pg_of(group), tag=tag)
 
@@ -133,8 +179,12 @@ def recv(tensor: torch.Tensor, src: int, *, group=None, tag: int = 0,
     waiting (a header or go-ahead of a few bytes, whose arrival is the point).
     """
     key = message_key("recv", src, dist.get_rank(), group, tag)
+    staged = _staged(tensor)
+    wire = torch.empty_like(tensor, device="cpu") if staged else tensor
     with _traced(name, nbytes(tensor), group, peer=src, kind=kind, key=key):
-        dist.recv(tensor, src, group=pg_of(group), tag=tag)
+        dist.recv(wire, src, group=pg_of(group), tag=tag)
+    if staged:
+        _to_device(tensor, wire, name)
     return tensor
 
 
@@ -147,22 +197,30 @@ def recv_any(tensor: torch.Tensor, *, group=None, tag: int = 0, name: str = "rec
     The sender is returned as a global rank.
     """
     rec = recorder()
+    staged = _staged(tensor)
+    wire = torch.empty_like(tensor, device="cpu") if staged else tensor
     start = time.perf_counter()
-    sender = dist.recv(tensor, None, group=pg_of(group), tag=tag)
+    sender = dist.recv(wire, None, group=pg_of(group), tag=tag)
     key = message_key("recv", sender, dist.get_rank(), group, tag)
     if rec.enabled:
         rec.add(name, kind, start, time.perf_counter(), nbytes(tensor), peer=sender,
                 axis=axis_of(pg_of(group)), key=key)
+    if staged:
+        _to_device(tensor, wire, name)
     return sender
 
 
 def all_reduce(tensor: torch.Tensor, op: str = "sum", *, group=None,
                name: str = "all_reduce") -> torch.Tensor:
     """Reduce ``tensor`` over the group's ranks in place (op: sum, avg, max, min, product)."""
-    with _traced(name, nbytes(tensor), group, key=collective_key(group)):
-        dist.all_reduce(tensor, op=_reduce_op(op), group=pg_of(group))
-        if op == "avg":
-            tensor /= get_world_size(group)
+    key = collective_key(group)
+    wire = _to_host(tensor, name) if _staged(tensor) else tensor
+    with _traced(name, nbytes(tensor), group, key=key):
+        dist.all_reduce(wire, op=_reduce_op(op), group=pg_of(group))
+    if wire is not tensor:
+        _to_device(tensor, wire, name)
+    if op == "avg":
+        tensor /= get_world_size(group)
     return tensor
 
 
@@ -177,19 +235,38 @@ def all_reduce_async(tensor: torch.Tensor, *, lane: int | None = None, group=Non
     """
     rec, start, size = recorder(), time.perf_counter(), nbytes(tensor)
     axis, key = axis_of(pg_of(group)), collective_key(group)
-    work = dist.all_reduce(tensor, async_op=True, group=pg_of(group))
+    # Staged (ranks sharing a GPU): the copy to host is part of this span, the copy back
+    # happens when the reduced host buffer arrives, before the future completes.
+    wire = tensor.detach().to("cpu", copy=True) if _staged(tensor) else tensor
+    work = dist.all_reduce(wire, async_op=True, group=pg_of(group))
 
     def record(fut):
-        rec.add(name, COMM, start, time.perf_counter(), size, lane=lane, axis=axis, key=key)
-        return fut.value()
+        value = fut.value()
+        if wire is not tensor:
+            tensor.copy_(wire)
+            value = [tensor]
+        if rec.enabled:
+            rec.add(name, COMM, start, time.perf_counter(), size, lane=lane, axis=axis, key=key)
+        return value
 
     return work.get_future().then(record)
 
 
 def all_gather(tensor: torch.Tensor, *, group=None, name: str = "all_gather") -> list[torch.Tensor]:
     """Every group member's ``tensor``, in group order, on every member."""
+    key = collective_key(group)
+    if _staged(tensor):
+        host = _to_host(tensor.contiguous(), name)
+        wires = [torch.empty_like(host) for _ in range(get_world_size(group))]
+        with _traced(name, nbytes(tensor), group, key=key):
+            dist.all_gather(wires, host, group=pg_of(group))
+        out = [torch.empty_like(tensor) for _ in wires]
+        with span(f"{name} · to GPU" if tensor.device.type != "cpu" else f"{name} · back", COMM, 0):
+            for o, w in zip(out, wires):
+                o.copy_(w)
+        return out
     out = [torch.empty_like(tensor) for _ in range(get_world_size(group))]
-    with _traced(name, nbytes(tensor), group, key=collective_key(group)):
+    with _traced(name, nbytes(tensor), group, key=key):
         dist.all_gather(out, tensor.contiguous(), group=pg_of(group))
     return out
 
@@ -205,20 +282,31 @@ def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, group=None,
         raise ValueError(
             f"reduce_scatter splits dim 0 into {world_size} equal chunks, but it has "
             f"{tensor.shape[0]} rows: pad it to a multiple of {world_size}.")
-    chunks = [c.contiguous() for c in tensor.chunk(world_size)]
-    out = torch.empty_like(chunks[0])
-    with _traced(name, nbytes(tensor), group, key=collective_key(group)):
-        dist.reduce_scatter(out, chunks, op=_reduce_op(op), group=pg_of(group))
-        if op == "avg":
-            out /= world_size
+    key = collective_key(group)
+    staged = _staged(tensor)
+    source = _to_host(tensor, name) if staged else tensor
+    chunks = [c.contiguous() for c in source.chunk(world_size)]
+    wire = torch.empty_like(chunks[0])
+    with _traced(name, nbytes(tensor), group, key=key):
+        dist.reduce_scatter(wire, chunks, op=_reduce_op(op), group=pg_of(group))
+    out = wire
+    if staged:
+        out = torch.empty(wire.shape, dtype=tensor.dtype, device=tensor.device)
+        _to_device(out, wire, name)
+    if op == "avg":
+        out /= world_size
     return out
 
 
 def broadcast(tensor: torch.Tensor, src: int, *, group=None,
               name: str = "broadcast") -> torch.Tensor:
     """Copy ``tensor`` from global rank ``src`` to every member of the group, in place."""
-    with _traced(name, nbytes(tensor), group, peer=src, key=collective_key(group)):
-        dist.broadcast(tensor, src, group=pg_of(group))
+    key = collective_key(group)
+    wire = _to_host(tensor, name) if _staged(tensor) else tensor
+    with _traced(name, nbytes(tensor), group, peer=src, key=key):
+        dist.broadcast(wire, src, group=pg_of(group))
+    if wire is not tensor:
+        _to_device(tensor, wire, name)
     return tensor
 
 

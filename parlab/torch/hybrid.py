@@ -277,7 +277,7 @@ def library_dp_tp(rank: int, world_size: int, dp: int = 2, tp: int = 2, sizes=SI
     warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
     mesh = init_mesh(dp=dp, tp=tp)
     dmesh = mesh.device_mesh
-    device = runtime.rank_device()
+    device = runtime.library_device()   # DTensor/FSDP2 talk to the backend itself: see runtime
     rows = mesh.line("dp").rows(global_batch, "global batch")
     out = {}
     for kind in data:

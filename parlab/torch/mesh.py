@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from ..grid import Grid
 from .groups import Group, name_group
-from .runtime import rank_device
+from .runtime import library_device
 
 __all__ = ["Mesh", "init_mesh"]
 
@@ -88,7 +88,7 @@ class Mesh:
             layout = torch.arange(self.grid.world_size).view(*self.grid.shape.values())
             groups = [self._groups[a] for a in self.axes]
             self._device_mesh = DeviceMesh.from_group(
-                groups if len(groups) > 1 else groups[0], rank_device().type,
+                groups if len(groups) > 1 else groups[0], library_device().type,
                 mesh=layout, mesh_dim_names=self.axes)
         return self._device_mesh
 

@@ -203,7 +203,8 @@ def library_step(rank: int, world_size: int, cfg: SplitConfig, micro_batches: in
     """Rank function: one step with ``torch.distributed.pipelining`` on the same stages."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-    g, device = as_group(group), runtime.rank_device()
+    # torch.distributed.pipelining sends through the backend itself: see runtime.library_device
+    g, device = as_group(group), runtime.library_device()
     model = split.build(cfg).to(device)
     edges = [0, *cfg.bounds, len(model)]
     part = model[edges[g.index]:edges[g.index + 1]]

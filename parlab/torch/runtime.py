@@ -23,6 +23,11 @@ from .. import trace
 # shortest round trip wins (Cristian, "Probabilistic clock synchronization", 1989).
 CLOCK_SAMPLES = 8
 
+# How the traced layer (comm.py) moves tensors: "off" (the backend takes them as they are),
+# "cuda" (ranks share a GPU: CUDA tensors go through host memory, see comm.py), or "all"
+# (every tensor is copied through a host buffer: lets the tests run that path on a CPU).
+_STAGING = "off"
+
 
 class CudaEventTimer:
     """Span timestamps from CUDA events, mapped onto the host clock.
@@ -88,6 +93,10 @@ def init_rank(rank: int, world_size: int, *, backend: str, device_kind: str,
     if device_kind == "cuda":
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
     timeout = timedelta(seconds=timeout_s)
+    global _STAGING
+    # CUDA ranks on plain gloo: several ranks share a GPU (NCCL would refuse them,
+    # "Duplicate GPU detected"), so the traced layer stages their tensors through host memory.
+    _STAGING = "cuda" if device_kind == "cuda" and backend == "gloo" else "off"
     if backend == "nccl":
         # NCCL carries only CUDA tensors; a rank function that keeps some tensors on the CPU
         # (most of the course's do, to run anywhere) sends those through gloo.
@@ -121,15 +130,49 @@ def uses_gpus() -> bool:
     return "nccl" in str(dist.get_backend()) and torch.cuda.is_available()
 
 
+def shares_gpu() -> bool:
+    """True when this rank computes on a GPU it shares with other ranks (no NCCL)."""
+    return _STAGING == "cuda"
+
+
+def host_staging() -> str:
+    """"off", "cuda" (CUDA tensors travel through host memory) or "all" (tests)."""
+    return _STAGING
+
+
+def stage_through_host(how: str = "all") -> str:
+    """Set how the traced layer stages tensors; returns the previous setting.
+
+    Used by tests to run the shared-GPU path with CPU tensors (how="all"); a rank of a
+    shared-GPU launch gets "cuda" from ``init_rank``.
+    """
+    global _STAGING
+    if how not in ("off", "cuda", "all"):
+        raise ValueError(f"how must be 'off', 'cuda' or 'all', got {how!r}")
+    before, _STAGING = _STAGING, how
+    return before
+
+
 def rank_device() -> torch.device:
-    """The device this rank computes on: its GPU under NCCL, else the CPU."""
-    if uses_gpus():
+    """The device this rank computes on: its GPU (own under NCCL, or shared), else the CPU."""
+    if shares_gpu() or uses_gpus():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 
+def library_device() -> torch.device:
+    """The device for code that hands tensors to torch.distributed itself.
+
+    DTensor, FSDP2 and ``torch.distributed.pipelining`` call the backend directly, past
+    the traced layer's host staging; gloo carries CUDA tensors only for broadcast and
+    all_reduce (torch.distributed's backend table), so ranks sharing a GPU run those
+    library demonstrations on the CPU, and their results say so.
+    """
+    return torch.device("cpu") if shares_gpu() else rank_device()
+
+
 def _comm_device() -> torch.device:
-    return rank_device()
+    return library_device()   # the clock ping-pong below calls torch.distributed directly
 
 
 def align_clocks(force_estimate: bool = False) -> float:
@@ -198,7 +241,7 @@ def finalize() -> None:
     """
     gc.collect()
     if dist.is_initialized():
-        if uses_gpus():
+        if uses_gpus() or shares_gpu():
             torch.cuda.synchronize()
         dist.destroy_process_group()
 

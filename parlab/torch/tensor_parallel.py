@@ -294,7 +294,7 @@ def device_mesh_of(group=None):
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
     g = as_group(group)
-    return DeviceMesh.from_group(g.pg or dist.group.WORLD, runtime.rank_device().type)
+    return DeviceMesh.from_group(g.pg or dist.group.WORLD, runtime.library_device().type)
 
 
 def library_sliced_step(rank: int, world_size: int, sizes=(64, 256, 256, 128, 10),
@@ -307,7 +307,7 @@ def library_sliced_step(rank: int, world_size: int, sizes=(64, 256, 256, 128, 10
     """
     from torch.distributed.tensor.parallel import parallelize_module
 
-    device = runtime.rank_device()
+    device = runtime.library_device()   # DTensor talks to the backend itself: see runtime
     model = training.build_model("mlp", sizes=sizes, seed=seed).to(device)
     plan = tp_plan(model)
     mesh = device_mesh_of(group)
