@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.parlab-installed
 EXTRAS := torch,tf,lab,test
 
-.PHONY: install lab test test-fast bench student clear-outputs clean
+.PHONY: install lab test test-fast test-gpu bench student clear-outputs clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,14 @@ lab: install
 test: install
 	$(PY) -m pytest -p no:cacheprovider -rs --nbval-lax --nbval-current-env \
 		--nbval-cell-timeout=600 tests labs
+
+# The GPU test run: the tests marked gpu, then every lab with the GPU(s) visible, in the
+# default device mode and in shared-GPU mode (scripts/test-gpu.sh; README, "GPU test run").
+# Without a CUDA GPU it says so in one line and succeeds. No install step: on a bare GPU
+# machine (Python + CUDA torch, no internet) it installs its tools from wheels/, made
+# elsewhere by scripts/gpu-wheels.sh.
+test-gpu:
+	@scripts/test-gpu.sh
 
 test-fast: install
 	$(PY) -m pytest -p no:cacheprovider -rs tests

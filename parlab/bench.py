@@ -42,15 +42,16 @@ def _overhead_worker(rank: int, world_size: int, steps: int, blocks: int) -> dic
     import torch.distributed as dist
 
     from parlab import span
-    from parlab.torch import comm
+    from parlab.torch import comm, runtime
 
+    device = runtime.rank_device()   # its GPU when the launch has GPUs
     torch.manual_seed(0)  # same model on both ranks
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(),
                                 torch.nn.Linear(256, 256), torch.nn.ReLU(),
-                                torch.nn.Linear(256, 10))
+                                torch.nn.Linear(256, 10)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     torch.manual_seed(rank)
-    x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+    x, y = torch.randn(64, 256, device=device), torch.randint(0, 10, (64,), device=device)
     loss_fn = torch.nn.CrossEntropyLoss()
     params = list(model.parameters())
 
@@ -90,9 +91,11 @@ def _overhead_worker(rank: int, world_size: int, steps: int, blocks: int) -> dic
         order = (("plain", plain_step), ("traced", traced_step))
         for mode, step in (order if b % 2 else order[::-1]):
             dist.barrier()
+            runtime.synchronize()   # on a GPU, time the kernels, not their launch
             t0, c0 = time.perf_counter(), time.thread_time()
             for _ in range(steps):
                 step()
+            runtime.synchronize()
             if b:
                 times[mode].append((time.perf_counter() - t0) / steps)
                 times[mode + "_cpu"].append((time.thread_time() - c0) / steps)
@@ -131,6 +134,95 @@ def tracing_overhead(quick: bool = False) -> list[str]:
             f".. {cpu_hi - 1:+.1%})",
             f"one span costs {span_cost * 1e6:.1f} us; {SPANS_PER_TRACED_STEP} spans per step "
             f"= {per_step:.2%} of a plain step"]
+
+
+# --------------------------------------------------------------------------- GPU
+def _gpus() -> int:
+    import torch
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _lab01_loops(steps: int, repeats: int) -> tuple[float, float]:
+    """Seconds per step: a plain PyTorch loop, and lab 01's traced loop, same model, on cuda:0."""
+    import torch
+
+    from parlab import data
+    from parlab.torch import models, single
+
+    device = "cuda:0"
+    x, y = data.digits("train")
+    plain, traced = [], []
+    for _ in range(repeats):                # interleaved: drift hits both
+        torch.manual_seed(0)
+        model = models.mlp().to(device)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        loss_fn = torch.nn.CrossEntropyLoss()
+        batches = data.batches(x, y, 64, seed=0)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps + 1):          # as many steps as step_timeline runs
+            xb, yb = next(batches)
+            xb, yb = torch.as_tensor(xb, device=device), torch.as_tensor(yb, device=device)
+            opt.zero_grad()
+            loss_fn(model(xb), yb).backward()
+            opt.step()
+        torch.cuda.synchronize()
+        plain.append((time.perf_counter() - t0) / (steps + 1))
+        torch.manual_seed(0)
+        t0 = time.perf_counter()
+        single.step_timeline(models.mlp(), x, y, batch_size=64, steps=steps, device=device)
+        traced.append((time.perf_counter() - t0) / (steps + 1))
+    return statistics.median(plain), statistics.median(traced)
+
+
+def _shared_vs_cpu(n: int, steps: int) -> tuple[float, float]:
+    """Median step seconds of lab 05's data-parallel step by hand: CPU simulation, shared GPU."""
+    from parlab.hardware import devices
+    from parlab.launcher import launch
+    from parlab.torch import data_parallel as dp
+
+    step: dict[str, list[float]] = {}
+    for mode in ("cpu", "shared-gpu", "cpu", "shared-gpu"):   # interleaved, best of two
+        res = launch(dp.train_data_parallel, n, args=("by_hand", "conv_stack", 256, steps, 0.05),
+                     devices=devices(n, mode=mode))
+        step.setdefault(mode, []).append(statistics.median(res.results[0]["step_s"][2:]))
+    return min(step["cpu"]), min(step["shared-gpu"])
+
+
+def gpu_lines(steps: int = 30) -> list[str]:
+    """What only a GPU can measure; one line saying so where there is none."""
+    gpus = _gpus()
+    if not gpus:
+        return ["no GPU: skipped (tracing overhead on a GPU, lab 01's traced loop against a "
+                "plain loop, shared GPU against CPU simulation for lab 05)"]
+    from parlab.hardware import devices
+    from parlab.launcher import launch
+
+    n = min(2, gpus)
+    out = launch(_overhead_worker, n, args=(8, max(10, steps)), devices=devices(n, mode="gpu"),
+                 timeout=300)
+    wall, lo, hi = _paired_ratio(out.results, "traced", "plain")
+    plain = statistics.median(t for r in out.results for t in r["plain"])
+    lines = [f"tracing overhead on {n} GPU rank{'s' * (n > 1)} (CUDA events, synchronised blocks): "
+             f"{wall - 1:+.1%} of a {plain * 1e3:.2f} ms step (middle half {lo - 1:+.1%} .. "
+             f"{hi - 1:+.1%}); target < 2 %: {'meets' if wall - 1 < 0.02 else 'MISSES'}"]
+    p, t = _lab01_loops(min(steps, 15), 5)   # the digits give 22 batches of 64 per epoch
+    lines.append(f"lab 01 on cuda:0: plain loop {p * 1e3:.2f} ms, traced loop (step_timeline) "
+                 f"{t * 1e3:.2f} ms per step: speed {p / t:.2f}x the plain loop; target >= 0.98: "
+                 f"{'meets' if p / t >= 0.98 else 'MISSES'}")
+    for n in (2, 4):
+        cpu, shared = _shared_vs_cpu(n, max(6, steps // 3))
+        faster = "shared GPU" if shared < cpu else "CPU simulation"
+        lines.append(f"lab 05 data-parallel step by hand, conv_stack, global batch 256, {n} ranks: "
+                     f"CPU simulation {cpu * 1e3:.1f} ms, {n} ranks sharing cuda:0 "
+                     f"{shared * 1e3:.1f} ms: {faster} is faster ({max(cpu, shared) / min(cpu, shared):.2f}x)"
+                     " - the measurement that should decide mode='auto' on one GPU")
+    return lines
+
+
+@benchmark("gpu")
+def gpu_bench(quick: bool = False) -> list[str]:
+    return gpu_lines(steps=10 if quick else 30)
 
 
 def _paired_ratio(results, a: str, b: str) -> tuple[float, float, float]:

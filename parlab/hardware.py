@@ -169,7 +169,8 @@ def devices(n: int, *, simulate: bool | None = None, framework: str = "torch",
     elif gpus == 0:
         reason = "no GPU visible"
     else:
-        reason = f"{gpus} GPU{'s' * (gpus > 1)} visible, {n} needed for real devices"
+        reason = (f"{gpus} GPU{'s' * (gpus > 1)} visible, {n} needed for real devices "
+                  f"(mode='shared-gpu' would put the {n} ranks on {'it' if gpus == 1 else 'them'})")
     if framework == "torch":
         names = tuple("cpu" for _ in range(n))
         backend = "gloo"

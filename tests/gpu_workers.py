@@ -90,3 +90,93 @@ def nccl_on_one_rank(rank, world_size):
     return {"backend": str(torch.distributed.get_backend()), "device": str(device),
             "uses_gpus": runtime.uses_gpus(), "sum": float(x.sum().item()),
             "timer": type(__import__("parlab").trace.recorder().timer).__name__}
+
+
+# ------------------------------------------------------------------ checks shared by the tests
+PAIR_NAMES = ("split", "pipeline", "naive", "column_row", "dtensor", "by_hand", "ring", "ddp",
+              "parameter_server", "wavefront")
+
+
+def by_pair(out, names):
+    """Per strategy, [[pair 0's results], [pair 1's results]] of a 4-rank launch."""
+    pairs = ([0, 1], [2, 3])
+    return {name: [[out.results[r]["runs"][name] for r in pair] for pair in pairs] for name in names}
+
+
+def check_staged_ops(out, expect_staging, expect_device):
+    """staged_ops' results are those of the operations, and the copies are traced as transfer."""
+    import numpy as np
+    n = len(out.results)
+    total = sum(range(1, n + 1))
+    for rank, r in enumerate(out.results):
+        assert r["staging"] == expect_staging and r["device"].startswith(expect_device), r["device"]
+        np.testing.assert_array_equal(r["all_reduce"], [total] * 4)
+        assert r["in_place"], "all_reduce must still reduce the caller's tensor in place"
+        np.testing.assert_allclose(r["avg"], [total / n] * 4)
+        np.testing.assert_array_equal(r["broadcast"], [1.0] * 3)
+        assert [float(a[0]) for a in r["all_gather"]] == [float(i) for i in range(n)]
+        np.testing.assert_array_equal(r["reduce_scatter"], np.arange(2.0 * n)[2 * rank:2 * rank + 2] * total)
+        left = (rank - 1) % n
+        np.testing.assert_array_equal(r["ring"], [left, 10.0 * left])
+        np.testing.assert_array_equal(r["all_reduce_async"], [sum(range(n))] * 5)
+    assert out.results[0]["recv_any"] == {s: 100.0 + s for s in range(1, n)}
+    # the copies are transfer on the timeline, carry no bytes of their own, and come
+    # before the matched span (so a rank's own copy is not taken for waiting on peers)
+    spans = list(out.timeline)
+    copies = [s for s in spans if " · " in s.name]
+    assert copies and all(s.kind == "comm" and s.bytes == 0 for s in copies)
+    for rank in range(n):
+        to_host = [s for s in spans if s.rank == rank and s.name == "all_reduce · to host"]
+        reduce = [s for s in spans if s.rank == rank and s.name == "all_reduce" and s.kind == "comm"]
+        assert to_host and reduce and to_host[0].end <= reduce[0].end
+    sent = sum(s.bytes for s in spans if s.rank == 0 and s.name == "all_reduce")
+    assert sent == 2 * 4 * 4, "bytes count each all-reduce once (x and y), staging adds none"
+
+
+def check_pairs_equal_references(pairs, tol):
+    """Each strategy on each pair equals its single-device reference (as tests/test_groups.py)."""
+    import numpy as np
+    import workers
+    from parlab.metrics import max_difference, merged
+    from parlab.splitting import SplitConfig
+    from parlab.torch import data_parallel as dp
+    from parlab.torch import parameter_server as ps
+    from parlab.torch import pipeline as pl
+    from parlab.torch import single
+    from parlab.torch import tensor_parallel as tp
+    cfg = SplitConfig(**workers.PAIR_CFG)
+    if "split" in pairs:
+        ref = single.train_reference(SplitConfig(bounds=[4], **workers.PAIR_CFG))
+        for pair in pairs["split"]:
+            assert max_difference(merged(pair), ref["state"]) < tol, "split"
+    if "pipeline" in pairs:
+        ref = single.train_reference(cfg)
+        for pair in pairs["pipeline"]:
+            assert max_difference(merged(pair), ref["state"]) < tol, "pipeline"
+    dense = tp.dense_reference(cfg.sizes, batch_size=48, steps=3, lr=0.1)
+    for scheme in ("naive", "column_row"):
+        kinds = tp.layer_kinds(cfg.sizes, 2, scheme)
+        for pair in pairs.get(scheme, ()):
+            for index, res in enumerate(pair):
+                for n, v in res["shards"].items():
+                    want = tp.dense_slice(n, dense["state"][n], kinds[n], index, 2)
+                    np.testing.assert_allclose(v, want, atol=tol, err_msg=f"{scheme} {n}")
+    if "dtensor" in pairs:
+        first = tp.dense_reference(cfg.sizes, batch_size=48, steps=1, lr=0.1)
+        kinds = tp.layer_kinds(cfg.sizes, 2, "column_row")
+        for pair in pairs["dtensor"]:
+            for index, res in enumerate(pair):
+                for n, g in res["grads"].items():
+                    want = tp.dense_slice(n, first["first_grads"][n], kinds[n], index, 2)
+                    np.testing.assert_allclose(g, want, atol=tol, err_msg=f"dtensor {n}")
+    one = dp.train_single(global_batch=64, steps=3, lr=0.1)
+    for mode in ("by_hand", "ring", "ddp"):
+        for pair in pairs.get(mode, ()):
+            for res in pair:
+                assert max_difference(res["state"], one["state"]) < tol, mode
+    for pair in pairs.get("parameter_server", ()):
+        assert max_difference(ps.state_dict(pair), one["state"]) < tol, "parameter_server"
+    if "wavefront" in pairs:
+        lstm = pl.lstm_single_device(2, hidden=16, length=6, batch=8, repeats=1)
+        for pair in pairs["wavefront"]:
+            np.testing.assert_allclose(pair[-1]["h"], lstm["stepped cells"]["h"], atol=tol)
