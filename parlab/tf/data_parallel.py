@@ -21,10 +21,26 @@ def _loss_fn(keras):
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 
 
+def mirrored(devices):
+    """``MirroredStrategy`` over ``devices``.
+
+    On GPUs TensorFlow all-reduces with NCCL by default, which needs each replica on a
+    GPU of its own (NCCL refuses two ranks on one device, NVIDIA/nccl#418). Logical GPUs
+    split from one GPU (``parlab.devices(n, framework="tf", mode="shared-gpu")``) reduce
+    through one device instead (``tf.distribute.ReductionToOneDevice``). Not yet run on
+    a GPU: see the README's GPU section.
+    """
+    import tensorflow as tf
+    gpus = [d for d in devices if "GPU" in str(d).upper()]
+    if gpus and len(gpus) > len(tf.config.list_physical_devices("GPU")):
+        return tf.distribute.MirroredStrategy(
+            devices, cross_device_ops=tf.distribute.ReductionToOneDevice())
+    return tf.distribute.MirroredStrategy(devices)
+
+
 def one_step_equivalence(devices, global_batch: int = 64, lr: float = 0.1) -> dict:
     """One custom-loop step under MirroredStrategy vs one step on one device, same weights."""
-    import tensorflow as tf
-    return strategy_step_equivalence(tf.distribute.MirroredStrategy(devices), global_batch, lr)
+    return strategy_step_equivalence(mirrored(devices), global_batch, lr)
 
 
 def strategy_step_equivalence(strategy, global_batch: int = 64, lr: float = 0.1) -> dict:
@@ -77,8 +93,7 @@ def strategy_step_equivalence(strategy, global_batch: int = 64, lr: float = 0.1)
 
 def mirrored_fit(devices, epochs: int = 3, batch: int = 64) -> dict:
     """Keras compile/fit under MirroredStrategy: the same call as on one device."""
-    import tensorflow as tf
-    return strategy_fit(tf.distribute.MirroredStrategy(devices), epochs, batch)
+    return strategy_fit(mirrored(devices), epochs, batch)
 
 
 def strategy_fit(strategy, epochs: int = 3, batch: int = 64) -> dict:

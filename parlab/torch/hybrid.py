@@ -347,6 +347,7 @@ def measure_shapes(rank: int, world_size: int, shapes, sizes=SIZES, global_batch
     """
     out = []
     for shape in shapes:
+        runtime.synchronize()   # a GPU's queued kernels belong to the previous shape
         comm.barrier(name="between shapes")
         t0 = time.perf_counter()
         if "tp" in shape:
@@ -357,6 +358,7 @@ def measure_shapes(rank: int, world_size: int, shapes, sizes=SIZES, global_batch
             m = micro_batches if shape["pp"] > 1 else 1     # one stage: no micro-batches
             cfg, ops = pipeline.prepare(cfg, shape["pp"], m, schedule)
             train_dp_pp(rank, world_size, cfg, m, ops, shape["dp"], shape["pp"])
+        runtime.synchronize()   # the window ends when the GPU has done this shape's work
         comm.barrier(name="between shapes")
         out.append({"shape": dict(shape), "window": (t0, time.perf_counter())})
     return out
