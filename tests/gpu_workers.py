@@ -76,9 +76,10 @@ def strategies_with_placement(rank, world_size, names):
     for name in names:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
         out["runs"][name] = workers.strategy_on_pairs(rank, world_size, name, mesh)["run"]
         torch.cuda.synchronize()
-        out["cuda_peak"][name] = torch.cuda.max_memory_allocated()
+        out["cuda_peak"][name] = torch.cuda.max_memory_allocated() - before   # this strategy's own
     return out
 
 

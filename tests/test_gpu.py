@@ -27,7 +27,7 @@ GPU_TOL = 1e-4
 
 
 def test_one_rank_uses_nccl_and_cuda_event_timing():
-    devs = parlab.devices(1)
+    devs = parlab.devices(1, mode="gpu")
     assert devs.kind == "cuda" and devs.backend == "nccl" and devs.describe().startswith("1 real GPU")
     out = parlab.launch(gpu_workers.nccl_on_one_rank, 1, devices=devs, timeout=120)
     r = out.results[0]
@@ -47,7 +47,7 @@ def test_cuda_event_spans_agree_with_a_synchronised_wall_clock():
         t0 = time.perf_counter()
         with trace.span("matmuls"):
             for _ in range(50):
-                a = (a @ a) / 4096
+                a = (a @ a) / 64    # keeps the entries near 1: sqrt(4096) = 64
         launched = time.perf_counter() - t0      # the host returns once the kernels are queued
         torch.cuda.synchronize(device)
         wall = time.perf_counter() - t0
@@ -75,8 +75,10 @@ def _strategies(devs):
     for r in out.results:
         assert r["device"].startswith("cuda:"), r["device"]
         for name, peak in r["cuda_peak"].items():
-            if name not in library:
-                assert peak > 0, f"{name} allocated nothing on {r['device']}: it ran on the CPU"
+            run = r["runs"][name]
+            if name in library or (isinstance(run, dict) and run.get("role") == "server"):
+                continue          # a parameter server keeps its shard in host memory
+            assert peak > 0, f"{name} allocated nothing on {r['device']}: it ran on the CPU"
     return gpu_workers.by_pair(out, gpu_workers.PAIR_NAMES)
 
 

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from .. import trace
+from ..hardware import MODE_ENV
 from . import runtime
 
 
@@ -36,9 +37,13 @@ def run_here(fn, args=(), *, seed: int = 0, timeout_s: float = 600.0):
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     local_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     local_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    on_gpu = local_gpus >= local_size and dist.is_nccl_available()
+    # $PARLAB_DEVICES as for parlab.devices: "cpu" keeps the ranks on the CPU; "shared-gpu"
+    # puts more ranks than GPUs on them, messages through host memory (see runtime)
+    mode = os.environ.get(MODE_ENV, "").strip() or "auto"
+    shared = mode == "shared-gpu" and local_gpus > 0
+    on_gpu = (mode != "cpu" and local_gpus >= local_size and dist.is_nccl_available()) or shared
     trace.install(trace.Recorder(rank))
-    runtime.init_rank(rank, world_size, backend="nccl" if on_gpu else "gloo",
+    runtime.init_rank(rank, world_size, backend="nccl" if on_gpu and not shared else "gloo",
                       device_kind="cuda" if on_gpu else "cpu", seed=seed,
                       timeout_s=timeout_s, local_rank=local_rank)
     try:
@@ -52,6 +57,6 @@ def run_here(fn, args=(), *, seed: int = 0, timeout_s: float = 600.0):
         return None, None
     results = [g[0] for g in gathered]
     spans = [s for g in gathered for s in g[1]]
-    where = "cuda" if on_gpu else "cpu"
+    where = "cuda (shared)" if shared else "cuda" if on_gpu else "cpu"
     labels = {r: f"rank {r} · {gathered[r][2]} {where} (torchrun)" for r in range(world_size)}
     return results, trace.Timeline(spans, labels, range(world_size))
