@@ -5,7 +5,7 @@ import importlib.util
 import os
 import platform
 
-from .hardware import cpu_count
+from .hardware import MODE_ENV, cpu_count
 
 
 class SystemReport(dict):
@@ -58,10 +58,14 @@ def system_report(torch: bool = True) -> SystemReport:
         report["distributed backends"] = ", ".join(backends) or "none"
         n = _torch.cuda.device_count() if _torch.cuda.is_available() else 0
         report["GPUs"] = n
+        if n:
+            report["CUDA (torch build)"] = _torch.version.cuda
         for i in range(n):
             p = _torch.cuda.get_device_properties(i)
             report[f"cuda:{i}"] = (f"{p.name}, {p.total_memory / 2**30:.1f} GiB, "
                                    f"compute capability {p.major}.{p.minor}")
+    report["device mode"] = (f"{os.environ[MODE_ENV]} (from {MODE_ENV})"
+                             if os.environ.get(MODE_ENV) else "auto")
     tf = importlib.util.find_spec("tensorflow") is not None
     report["tensorflow"] = "installed (not imported)" if tf else "not installed"
     return report
