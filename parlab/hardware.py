@@ -177,7 +177,7 @@ def devices(n: int, *, simulate: bool | None = None, framework: str = "torch",
     else:
         names = tuple(f"/device:CPU:{i}" for i in range(n))
         backend = "logical"
-        _configure_logical_cpus(n)
+        _configure_logical("CPU", n)
     return DeviceSet(n, framework, "cpu", True, backend, names, gpus, reason)
 
 
@@ -195,7 +195,7 @@ def _shared_gpu(n: int, framework: str, gpus: int) -> DeviceSet:
         names = tuple(f"cuda:{r % gpus}" for r in range(n))
         return DeviceSet(n, framework, "cuda", False, "gloo", names, gpus,
                          "shared-GPU mode requested", shared=True)
-    _configure_logical_gpus(n)
+    _configure_logical("GPU", n)
     names = tuple(f"/device:GPU:{i}" for i in range(n))
     return DeviceSet(n, framework, "cuda", False, "logical", names, gpus,
                      "shared-GPU mode requested", shared=True)
@@ -216,45 +216,31 @@ def _count_gpus(framework: str) -> int:
     return len(tf.config.list_physical_devices("GPU"))
 
 
-def _configure_logical_cpus(n: int) -> None:
-    """Split the CPU into ``n`` logical TensorFlow devices (must precede any TF op)."""
-    import tensorflow as tf
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    try:
-        tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
-    except RuntimeError as exc:  # TF initialised already: only a restart can change it
-        have = len(tf.config.list_logical_devices("CPU"))
-        if have != n:
-            raise ValueError(
-                f"TensorFlow already runs with {have} logical CPU device(s) and cannot be "
-                f"changed to {n} in this process: restart the kernel and call "
-                f"parlab.devices({n}, framework='tf') before any other TensorFlow code."
-            ) from exc
+def _configure_logical(kind: str, n: int) -> None:
+    """Split the first physical ``kind`` ("CPU" or "GPU") into ``n`` logical TensorFlow devices.
 
-
-def _configure_logical_gpus(n: int) -> None:
-    """Split GPU 0 into ``n`` logical TensorFlow GPUs of ``LOGICAL_GPU_MB`` each.
-
-    Like logical CPUs this must precede any TF op ("Virtual devices cannot be modified
-    after being initialized"). It serves strategies that place work on devices of this
+    Must precede any TF op ("Virtual devices cannot be modified after being
+    initialized"). A logical GPU gets ``LOGICAL_GPU_MB`` of memory (TensorFlow needs a limit
+    per logical GPU). Logical devices serve strategies that place work on devices of this
     process (MirroredStrategy, CentralStorageStrategy, tf.device placement, DTensor);
-    MultiWorkerMirroredStrategy and parameter servers run separate processes, each of which
-    sees the whole GPU. Not run on a GPU yet: see the README's GPU section.
+    MultiWorkerMirroredStrategy and parameter servers run separate processes, each of
+    which sees the whole device. Logical GPUs have not been run on a GPU yet: see the
+    README's GPU section.
     """
     import tensorflow as tf
-    gpu = tf.config.list_physical_devices("GPU")[0]
+    device = tf.config.list_physical_devices(kind)[0]
+    limit = LOGICAL_GPU_MB if kind == "GPU" else None
     try:
         tf.config.set_logical_device_configuration(
-            gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=LOGICAL_GPU_MB)
-                  for _ in range(n)])
+            device, [tf.config.LogicalDeviceConfiguration(memory_limit=limit) for _ in range(n)])
     except RuntimeError as exc:  # TF initialised already: only a restart can change it
-        have = len(tf.config.list_logical_devices("GPU"))
+        have = len(tf.config.list_logical_devices(kind))
         if have != n:
+            call = f"parlab.devices({n}, framework='tf'{', mode=' + repr('shared-gpu') if kind == 'GPU' else ''})"
             raise ValueError(
-                f"TensorFlow already runs with {have} logical GPU(s) and cannot be changed "
-                f"to {n} in this process: restart the kernel and call parlab.devices({n}, "
-                "framework='tf', mode='shared-gpu') before any other TensorFlow code."
+                f"TensorFlow already runs with {have} logical {kind} device(s) and cannot be "
+                f"changed to {n} in this process: restart the kernel and call {call} before "
+                "any other TensorFlow code."
             ) from exc
 
 
