@@ -164,9 +164,12 @@ def library_device() -> torch.device:
     """The device for code that hands tensors to torch.distributed itself.
 
     DTensor, FSDP2 and ``torch.distributed.pipelining`` call the backend directly, past
-    the traced layer's host staging; gloo carries CUDA tensors only for broadcast and
-    all_reduce (torch.distributed's backend table), so ranks sharing a GPU run those
-    library demonstrations on the CPU, and their results say so.
+    the traced layer's host staging. gloo takes CUDA tensors for broadcast and all_reduce
+    (torch.distributed's backend table; its source also copies all_gather through the
+    host), not for send/recv or reduce-scatter, which these need. So ranks sharing a GPU
+    run those library demonstrations on the CPU (the README's GPU section says so). DDP
+    stays on the GPU: its set-up uses broadcast and all_gather, and its buckets go
+    through the traced hook.
     """
     return torch.device("cpu") if shares_gpu() else rank_device()
 
