@@ -73,8 +73,11 @@ class DeviceSet:
                         f"({LOGICAL_GPU_MB} MiB each): {self.reason}")
             return (f"{self.n} rank{'s' * (self.n > 1)} sharing {len(gpus)} GPU"
                     f"{'s' * (len(gpus) > 1)} ({', '.join(gpus)}), messages through host "
-                    f"memory (gloo): {self.reason}")
-        return f"{self.n} real GPU{'s' * (self.n > 1)} ({self.backend}): {', '.join(self.names)}"
+                    f"memory (gloo), timed with CUDA events: {self.reason}")
+        how = ("TensorFlow devices of this process" if self.framework == "tf" else
+               f"{self.backend}, a rank per GPU, timed with CUDA events"
+               + (", messages through host memory" if self.backend == "gloo" else ""))
+        return f"{self.n} real GPU{'s' * (self.n > 1)} ({how}): {', '.join(self.names)}"
 
     __str__ = describe
 

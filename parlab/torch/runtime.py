@@ -95,7 +95,8 @@ def init_rank(rank: int, world_size: int, *, backend: str, device_kind: str,
     timeout = timedelta(seconds=timeout_s)
     global _STAGING
     # CUDA ranks on plain gloo: several ranks share a GPU (NCCL would refuse them,
-    # "Duplicate GPU detected"), so the traced layer stages their tensors through host memory.
+    # "Duplicate GPU detected"), or there is no NCCL. gloo sends only CPU tensors, so the
+    # traced layer stages theirs through host memory.
     _STAGING = "cuda" if device_kind == "cuda" and backend == "gloo" else "off"
     if backend == "nccl":
         # NCCL carries only CUDA tensors; a rank function that keeps some tensors on the CPU
@@ -131,7 +132,10 @@ def uses_gpus() -> bool:
 
 
 def shares_gpu() -> bool:
-    """True when this rank computes on a GPU it shares with other ranks (no NCCL)."""
+    """True when this rank computes on a GPU but sends through host memory over gloo.
+
+    That is ranks sharing a GPU (NCCL refuses them), or a torch built without NCCL.
+    """
     return _STAGING == "cuda"
 
 
