@@ -47,7 +47,13 @@ REPORT=gpu-test-report.txt
     echo "date (UTC): $(date -u '+%Y-%m-%d %H:%M')"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null \
         | sed 's/^/GPU: /'
-    "$PYTHON" -c 'import sys, torch; print(f"python {sys.version.split()[0]}, torch {torch.__version__}, CUDA {torch.version.cuda}, NCCL {torch.cuda.nccl.version() if hasattr(torch.cuda, \"nccl\") else \"?\"}, GPUs visible {torch.cuda.device_count()}")'
+    "$PYTHON" - <<'PY'
+import sys, torch
+v = torch.cuda.nccl.version() if torch.distributed.is_nccl_available() else "none"
+nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+print(f"python {sys.version.split()[0]}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
+      f"NCCL {nccl}, GPUs visible {torch.cuda.device_count()}")
+PY
 } | tee "$REPORT"
 
 status=0
