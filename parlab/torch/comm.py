@@ -104,11 +104,15 @@ def _to_host(tensor: torch.Tensor, name: str) -> torch.Tensor:
     with span(f"{name} · to host", COMM, 0):
         # copy=True: a fresh buffer even when the tensor is on the CPU already (the path
         # the tests force); .to() from CUDA waits for the copy, so the span holds it.
-        return tensor.detach().to("cpu", copy=True)
+        return tensor.detach().to("cpu", copy=True).contiguous()   # gloo wants dense buffers
+
+
+def _back(name: str, tensor: torch.Tensor) -> str:
+    return f"{name} · to GPU" if tensor.device.type != "cpu" else f"{name} · back"
 
 
 def _to_device(tensor: torch.Tensor, host: torch.Tensor, name: str) -> None:
-    with span(f"{name} · to GPU" if tensor.device.type != "cpu" else f"{name} · back", COMM, 0):
+    with span(_back(name, tensor), COMM, 0):
         tensor.copy_(host)
 
 
@@ -237,7 +241,7 @@ def all_reduce_async(tensor: torch.Tensor, *, lane: int | None = None, group=Non
     axis, key = axis_of(pg_of(group)), collective_key(group)
     # Staged (ranks sharing a GPU): the copy to host is part of this span, the copy back
     # happens when the reduced host buffer arrives, before the future completes.
-    wire = tensor.detach().to("cpu", copy=True) if _staged(tensor) else tensor
+    wire = tensor.detach().to("cpu", copy=True).contiguous() if _staged(tensor) else tensor
     work = dist.all_reduce(wire, async_op=True, group=pg_of(group))
 
     def record(fut):
@@ -261,7 +265,7 @@ def all_gather(tensor: torch.Tensor, *, group=None, name: str = "all_gather") ->
         with _traced(name, nbytes(tensor), group, key=key):
             dist.all_gather(wires, host, group=pg_of(group))
         out = [torch.empty_like(tensor) for _ in wires]
-        with span(f"{name} · to GPU" if tensor.device.type != "cpu" else f"{name} · back", COMM, 0):
+        with span(_back(name, tensor), COMM, 0):
             for o, w in zip(out, wires):
                 o.copy_(w)
         return out
