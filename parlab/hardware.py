@@ -19,7 +19,8 @@ Modes (``parlab.devices(n, mode=...)``, or for every lab at once the environment
 
 Which of "cpu" and "shared-gpu" is faster for an N-device lab on one GPU has not been
 measured yet (no GPU was available when this was written): "auto" keeps the CPU until
-``python -m parlab bench`` (its "shared GPU vs CPU" line) has been run on a GPU.
+``python -m parlab bench --only gpu`` (its lab 05 line: CPU simulation against ranks
+sharing cuda:0) has been run on a GPU.
 """
 from __future__ import annotations
 
@@ -105,23 +106,25 @@ def _check_simulate(simulate) -> bool | None:
                      f"{simulate!r}")
 
 
-def _check_mode(mode, simulate) -> str:
-    """The mode asked for: mode=, else simulate= (the older spelling), else $PARLAB_DEVICES."""
+def _check_mode(mode, simulate) -> tuple[str, str]:
+    """The mode asked for, and by what: mode=, else simulate= (the older spelling), else
+    $PARLAB_DEVICES."""
     if mode is not None and simulate is not None:
         raise ValueError(f"pass either mode= or simulate=, not both (got mode={mode!r}, "
                          f"simulate={simulate!r}): simulate=True is mode='cpu', "
                          "simulate=False is mode='gpu'.")
     if simulate is not None:
-        return "cpu" if simulate else "gpu"
+        return ("cpu" if simulate else "gpu"), "requested"
     if mode is None:
         mode = os.environ.get(MODE_ENV, "").strip() or "auto"
         if mode not in MODES:
             raise ValueError(f"the environment variable {MODE_ENV}={mode!r} is not a device "
                              f"mode: set it to one of {', '.join(MODES)}, or unset it.")
+        return mode, f"set by {MODE_ENV}"
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(repr(m) for m in MODES)}, got "
                          f"{mode!r}")
-    return mode
+    return mode, "requested"
 
 
 def devices(n: int, *, simulate: bool | None = None, framework: str = "torch",
@@ -138,11 +141,11 @@ def devices(n: int, *, simulate: bool | None = None, framework: str = "torch",
     simulate = _check_simulate(simulate)
     if framework not in ("torch", "tf"):
         raise ValueError(f"framework must be 'torch' or 'tf', got {framework!r}")
-    mode = _check_mode(mode, simulate)
+    mode, by = _check_mode(mode, simulate)
     simulate = {"auto": None, "cpu": True, "gpu": False, "shared-gpu": None}[mode]
     gpus = _count_gpus(framework)
     if mode == "shared-gpu":
-        return _shared_gpu(n, framework, gpus)
+        return _shared_gpu(n, framework, gpus, f"shared-GPU mode {by}")
     if simulate is False and gpus == 0:
         raise ValueError(
             f"{n} real GPU{'s' * (n > 1)} {'were' if n > 1 else 'was'} demanded "
@@ -168,7 +171,7 @@ def devices(n: int, *, simulate: bool | None = None, framework: str = "torch",
             f"{n} simulated devices would be {n} processes each holding its own torch "
             f"(~250 MB each); use at most {MAX_SIMULATED}.")
     if simulate is True:
-        reason = "simulation requested"
+        reason = f"simulation {by}"
     elif gpus == 0:
         reason = "no GPU visible"
     else:
@@ -184,7 +187,7 @@ def devices(n: int, *, simulate: bool | None = None, framework: str = "torch",
     return DeviceSet(n, framework, "cpu", True, backend, names, gpus, reason)
 
 
-def _shared_gpu(n: int, framework: str, gpus: int) -> DeviceSet:
+def _shared_gpu(n: int, framework: str, gpus: int, reason: str) -> DeviceSet:
     """``n`` ranks (torch) or logical GPUs (tf) on the visible GPU(s)."""
     if gpus == 0:
         raise ValueError(
@@ -196,12 +199,10 @@ def _shared_gpu(n: int, framework: str, gpus: int) -> DeviceSet:
             raise ValueError(f"{n} ranks sharing a GPU would be {n} processes each holding "
                              f"its own torch and CUDA context; use at most {MAX_SIMULATED}.")
         names = tuple(f"cuda:{r % gpus}" for r in range(n))
-        return DeviceSet(n, framework, "cuda", False, "gloo", names, gpus,
-                         "shared-GPU mode requested", shared=True)
+        return DeviceSet(n, framework, "cuda", False, "gloo", names, gpus, reason, shared=True)
     _configure_logical("GPU", n)
     names = tuple(f"/device:GPU:{i}" for i in range(n))
-    return DeviceSet(n, framework, "cuda", False, "logical", names, gpus,
-                     "shared-GPU mode requested", shared=True)
+    return DeviceSet(n, framework, "cuda", False, "logical", names, gpus, reason, shared=True)
 
 
 def quiet_tensorflow() -> None:
@@ -239,7 +240,8 @@ def _configure_logical(kind: str, n: int) -> None:
     except RuntimeError as exc:  # TF initialised already: only a restart can change it
         have = len(tf.config.list_logical_devices(kind))
         if have != n:
-            call = f"parlab.devices({n}, framework='tf'{', mode=' + repr('shared-gpu') if kind == 'GPU' else ''})"
+            shared = ", mode='shared-gpu'" if kind == "GPU" else ""
+            call = f"parlab.devices({n}, framework='tf'{shared})"
             raise ValueError(
                 f"TensorFlow already runs with {have} logical {kind} device(s) and cannot be "
                 f"changed to {n} in this process: restart the kernel and call {call} before "

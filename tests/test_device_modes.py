@@ -82,3 +82,12 @@ def test_bad_settings_say_what_to_change(gpus, monkeypatch):
         parlab.devices(2, mode="gpu")
     with pytest.raises(ValueError, match="at most"):
         parlab.devices(hardware.MAX_SIMULATED + 1, mode="shared-gpu")
+
+
+def test_the_line_says_who_chose_the_mode(gpus, monkeypatch):
+    gpus(1)
+    assert parlab.devices(2, mode="shared-gpu").reason == "shared-GPU mode requested"
+    monkeypatch.setenv(hardware.MODE_ENV, "cpu")
+    assert parlab.devices(2).describe().endswith("simulation set by PARLAB_DEVICES")
+    monkeypatch.setenv(hardware.MODE_ENV, "shared-gpu")
+    assert parlab.devices(2).describe().endswith("shared-GPU mode set by PARLAB_DEVICES")
