@@ -56,7 +56,10 @@ def main(argv=None) -> int:
         from parlab.system import system_report
         print(system_report())
         for n in (1, 2, 4):
-            print(f"devices({n}): {devices(n)}")
+            devs = devices(n)
+            print(f"devices({n}): {devs}")
+            if devs.simulated and devs.gpus_found:     # the other choice on this machine
+                print(f"devices({n}, mode='shared-gpu'): {devices(n, mode='shared-gpu')}")
         return 0
     if ns.command == "bench":
         from parlab import bench
