@@ -37,8 +37,7 @@ STAGES = (0, 1, 2, 3)
 PARTS = ("parameters", "gradients", "optimizer state")
 FP32_ADAM = {"bytes_per_param": 4, "optimizer_bytes_per_param": 8}
 MIXED_ADAM = {"bytes_per_param": 2, "optimizer_bytes_per_param": 12}
-GIB = 2**30
-GPUS = {"16 GB GPU": 16 * GIB, "80 GB GPU": 80 * GIB}    # V100 16 GB, A100 / H100 80 GB
+GPUS = {"16 GB GPU": 16e9, "80 GB GPU": 80e9}    # as sold: V100 16 GB, A100 / H100 80 GB
 
 
 def _count(name: str, value, minimum: int) -> int:

@@ -155,7 +155,8 @@ def checkpointing(depth: int = 16, width: int = 256, batch: int = 128,
     bytes autograd keeps after the forward pass (``saved_tensor_counter``, measured);
     ``recomputed``, the bytes the largest segment saves again when the backward pass
     recomputes it (measured on that segment), so that kept + recomputed is the most held
-    at once; ``step_s``, the quickest time of a forward and backward pass; and
+    at once; ``step_s``, the quickest time of a forward and backward pass (and
+    ``forward_s``, of a forward pass alone, without autograd); and
     ``max_grad_diff``, the largest difference of any gradient from the plain model's.
     """
     from . import training
@@ -190,8 +191,12 @@ def checkpointing(depth: int = 16, width: int = 256, batch: int = 128,
         rows.append({"segments": k, "kept": saved.bytes, "recomputed": recomputed,
                      "max_grad_diff": max(float((g - p).abs().max())
                                           for g, p in zip(grads, plain_grads))})
-    for row, seconds in zip(rows, _quickest_seconds(steps, repeats)):
-        row["step_s"] = seconds
+    def forward_only():
+        with torch.no_grad():
+            model(x)
+    *seconds, forward_s = _quickest_seconds([*steps, forward_only], repeats)
+    for row, t in zip(rows, seconds):
+        row["step_s"], row["forward_s"] = t, forward_s
     return rows
 
 

@@ -53,6 +53,23 @@ def shard_size(numel: int, n: int) -> int:
     return -(-numel // n)
 
 
+# ------------------------------------------------------------------ the step, on one vector
+def zero2_step(flat_params: torch.Tensor, flat_grad: torch.Tensor, lr: float,
+               group=None) -> None:
+    """ZeRO-2's update of a flat parameter vector with plain SGD, in place.
+
+    Every rank holds the same ``flat_params`` and the gradient of its own rows of the
+    batch; the length divides by the group size. Reduce-scatter: position i receives the
+    sum of chunk i of every rank's gradient (divide by n: the average). Update: only
+    chunk i, the rank's shard. All-gather: every rank receives every updated shard.
+    """
+    g = as_group(group)
+    grad_shard = comm.reduce_scatter(flat_grad, group=g) / g.size
+    shard = flat_params.chunk(g.size)[g.index]          # a view: updated in place
+    shard -= lr * grad_shard
+    flat_params.copy_(torch.cat(comm.all_gather(shard, group=g)))
+
+
 # ------------------------------------------------------------------ stages 1 and 2
 class FlatShards:
     """Every unit's parameters as views into one flat, padded buffer per unit; this rank's
@@ -379,3 +396,45 @@ def bytes_per_step(timeline, window, rank: int, world_size: int, steps: int) -> 
         by_op[op] = by_op.get(op, 0.0) + zero_memory.sent_bytes(op, s.bytes, world_size)
     return {"traced": traced / steps, "sent": sum(by_op.values()) / steps,
             "by op": {k: v / steps for k, v in by_op.items()}}
+
+
+# ------------------------------------------------------------------ measured against the formulas
+STAGE_OF = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "zero2_offload": 2, "fsdp2": 3}
+LABELS = {"ddp": "plain DP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3",
+          "zero2_offload": "ZeRO-2 + offload", "fsdp2": "FSDP2"}
+
+
+def expected_held(variant: str, params: int, world_size: int) -> dict:
+    """What ``zero_memory`` says a rank of ``variant`` keeps (float32 Adam), by part.
+
+    With offload the device keeps only the parameters; the host keeps the shard's
+    gradient, its float32 master copy and Adam's moments: (4 + 4 + 8)Ψ/N.
+    """
+    want = zero_memory.per_device_bytes(params, world_size, STAGE_OF[variant])
+    want.pop("total")
+    if variant == "zero2_offload":
+        want["gradients"] = 0.0
+        want["on the host"] = 16 * params / world_size
+    return want
+
+
+def summary(results: list[dict], timeline, steps: int, variants=VARIANTS) -> list[dict]:
+    """One row per variant: the bytes rank 0 keeps (measured and formula, by part), the
+    bytes it sends per step (measured from the timeline, and formula), and its seconds
+    per step in transfers and in waits (the last barrier included: a few ms)."""
+    n = len(results)
+    windows = variant_windows(timeline, variants)
+    rows = []
+    for v in variants:
+        res = results[0][v]
+        held = {k: b for k, b in res["held"].items() if k != "one gathered layer"}
+        moved = bytes_per_step(timeline, windows[v], 0, n, steps)
+        seconds = timeline.window(*windows[v]).seconds_by_kind(0)
+        rows.append({"variant": v, "label": LABELS[v], "stage": STAGE_OF[v], "held": held,
+                     "expected": expected_held(v, res["params"], n),
+                     "gathered_layer": res["held"].get("one gathered layer", 0),
+                     "sent": moved["sent"], "traced": moved["traced"], "by op": moved["by op"],
+                     "expected_sent": zero_memory.comm_bytes_per_step(res["params"], n,
+                                                                      STAGE_OF[v]),
+                     "transfer_s": seconds["comm"] / steps, "wait_s": seconds["wait"] / steps})
+    return rows
