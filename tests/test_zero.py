@@ -37,7 +37,7 @@ def test_every_stage_and_fsdp2_equal_one_device_and_plain_data_parallel(run):
         for r in run.results:
             assert max_difference(r[v]["state"], ref["state"]) < TOL, v
             assert max_difference(r[v]["state"], r["ddp"]["state"]) < TOL, v
-            assert np.allclose(r[v]["losses"], ref["losses"], atol=1e-5), v
+            assert np.allclose(r[v]["losses"], r["ddp"]["losses"], atol=1e-5), v   # its rows
     for r in run.results:                    # FSDP2 against the hand-written stage 3
         assert max_difference(r["fsdp2"]["state"], r["zero3"]["state"]) < TOL
 
@@ -113,12 +113,12 @@ def test_the_bytes_exercise_catches_a_stage_that_shards_the_wrong_part(capsys):
 
 
 def test_checkpointed_and_plain_models_have_the_same_gradients_and_keep_less():
-    rows = memory.checkpointing(depth=8, width=64, batch=32, segments=(2, 4, 8), repeats=1)
+    rows = memory.checkpointing(depth=16, width=64, batch=64, segments=(4, 16), repeats=1)
     plain = rows[0]
     for r in rows:
         assert r["max_grad_diff"] < 1e-6
     best = min(r["kept"] + r["recomputed"] for r in rows[1:])
-    assert best < 0.7 * plain["kept"]
+    assert best < 0.65 * plain["kept"]          # about half at sqrt(16) = 4 segments
     with pytest.raises(ValueError, match="segments"):
         memory.checkpointed(torch.nn.Sequential(torch.nn.Linear(2, 2)), 3)
 
@@ -139,7 +139,7 @@ def test_formulas_match_the_paper_and_refuse_bad_input():
     assert zm.comm_bytes_per_step(100, 4, 3) == pytest.approx(1.5 * zm.comm_bytes_per_step(100, 4, 0))
     assert zm.sent_bytes("all_gather", 10, 4) == 30 and zm.sent_bytes("reduce_scatter", 40, 4) == 30
     assert zm.fits(10**9, 8, 3, 16e9)
-    assert not zm.fits(10**9, 1, 0, 16e9)
+    assert not zm.fits(10**9 + 1, 1, 0, 16e9)
     assert zm.largest_model(1, 0, 16e9) == 10**9
     for bad, match in (((100, 0, 1), "devices must be at least 1"), ((100, 2.5, 1), "devices must be a whole"),
                        ((1.5e9, 4, 1), "params must be a whole"), ((100, 4, 4), "stage must be"),
