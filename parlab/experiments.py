@@ -482,14 +482,38 @@ def plot_zero_steps(run, variants=("ddp", "zero1", "zero2", "zero3"), *, rank: i
                          title=title or f"rank {rank}, the quickest step of each (measured)")
 
 
+def zero_fit(params: int, devices: int, mixed_precision: bool = True):
+    """What each ZeRO stage keeps per device for ``params`` parameters on ``devices``
+    devices (``parlab.zero_memory``, computed): lines saying whether it fits on a 16 GB
+    and an 80 GB GPU, and stacked bars with those two capacities drawn across."""
+    from . import plot, zero_memory
+    breakdowns, lines = {}, []
+    for stage in zero_memory.STAGES:
+        got = zero_memory.per_device_bytes(params, devices, stage, mixed_precision=mixed_precision)
+        total = got.pop("total")
+        name = "plain DP" if stage == 0 else f"ZeRO-{stage}"
+        breakdowns[name] = got
+        verdict = ", ".join(f"{gpu}: {'fits' if total <= cap else 'does NOT fit'}"
+                            for gpu, cap in zero_memory.GPUS.items())
+        lines.append(f"{name:<9} {total / 1e9:9.2f} GB per device: {verdict}")
+    fig = plot.memory(breakdowns, unit="GB",
+                      title=f"{params / 1e9:.3g} B parameters on {devices} devices (computed)")
+    ax = fig.axes[0]
+    top = max(sum(d.values()) for d in breakdowns.values()) / 1e9
+    for gpu, cap in zero_memory.GPUS.items():
+        if cap / 1e9 <= 1.5 * top:
+            ax.axhline(cap / 1e9, color="black", ls="--", lw=1)
+            ax.text(-0.4, cap / 1e9, gpu, va="bottom", ha="left", fontsize=plot.FONT - 3)
+    return lines, fig
+
+
 def zero_explorer():
     """Sliders for a model's size and the number of devices: what each ZeRO stage keeps
-    per device (``parlab.zero_memory``, computed at once), and whether it fits on a 16 GB
-    or an 80 GB GPU."""
+    per device (``zero_fit``, computed at once), and whether it fits on a 16 GB or an
+    80 GB GPU."""
     import ipywidgets as w
     from IPython.display import display
 
-    from . import plot, zero_memory
     style, wide = {"description_width": "initial"}, w.Layout(width="420px")
     size = w.FloatLogSlider(value=1.5e9, base=10, min=6, max=12, step=0.05,
                             description="parameters", style=style, layout=wide,
@@ -499,28 +523,11 @@ def zero_explorer():
     out = w.Output()
 
     def draw(*_):
-        params = int(size.value)
-        breakdowns = {}
-        lines = []
-        for stage in zero_memory.STAGES:
-            got = zero_memory.per_device_bytes(params, n.value, stage, mixed_precision=mixed.value)
-            total = got.pop("total")
-            name = "plain DP" if stage == 0 else f"ZeRO-{stage}"
-            breakdowns[name] = got
-            verdict = ", ".join(f"{'fits' if total <= cap else 'does NOT fit'} on a {gpu}"
-                                for gpu, cap in zero_memory.GPUS.items())
-            lines.append(f"{name:<9} {total / 1e9:9.2f} GB per device: {verdict}")
+        lines, fig = zero_fit(int(size.value), n.value, mixed.value)
         with out:
             out.clear_output(wait=True)
-            print(f"{params / 1e9:.3g} B parameters on {n.value} devices (model states only; "
-                  "activations come on top)")
+            print("model states only; activations come on top")
             print("\n".join(lines))
-            fig = plot.memory({k: {p: b for p, b in d.items()} for k, d in breakdowns.items()},
-                              unit="GB", title="what each device keeps (computed)")
-            ax = fig.axes[0]
-            for gpu, cap in zero_memory.GPUS.items():
-                ax.axhline(cap / 1e9, color="black", ls="--", lw=1)
-                ax.text(len(breakdowns) - 0.5, cap / 1e9, f" {gpu}", va="bottom", ha="right")
             display(fig)
 
     for widget in (size, n, mixed):
@@ -540,12 +547,13 @@ def plot_checkpointing(rows, *, title: str = ""):
     kept = [r["kept"] / 1e6 for r in rows]
     again = [r["recomputed"] / 1e6 for r in rows]
     left.bar(names, kept, color=plot.MEMORY_COLORS["activations"], label="kept after forward")
-    left.bar(names, again, bottom=kept, color=plot.OKABE_ITO["sky blue"],
+    left.bar(names, again, bottom=kept, color=plot.OKABE_ITO["yellow"],
              label="+ largest segment, recomputed in backward")
+    left.set_ylim(0, 1.5 * max(k + a for k, a in zip(kept, again)))
     left.set_xlabel("checkpointed segments", fontsize=plot.FONT)
     left.set_ylabel("activations held (MB)", fontsize=plot.FONT)
     left.set_title("memory for the backward pass (measured)", fontsize=plot.FONT)
-    left.legend(fontsize=plot.FONT - 3, frameon=False)
+    left.legend(fontsize=plot.FONT - 3, frameon=False, loc="upper center")
     right.bar(names, [r["step_s"] * 1e3 for r in rows], color=plot.COLORS["compute"])
     right.set_xlabel("checkpointed segments", fontsize=plot.FONT)
     right.set_ylabel("forward + backward (ms)", fontsize=plot.FONT)

@@ -131,6 +131,13 @@ def test_mixed_precision_saves_activation_bytes_and_keeps_float32_master_weights
     assert abs(b16["losses"][-1] - f32["losses"][-1]) < 0.05
 
 
+def test_the_explorer_says_what_fits_where():
+    lines, fig = ex.zero_fit(7_000_000_000, 64)          # mixed-precision Adam: 16 bytes each
+    assert lines[0].startswith("plain DP") and "112.00 GB" in lines[0]
+    assert "16 GB GPU: does NOT fit, 80 GB GPU: does NOT fit" in lines[0]
+    assert "16 GB GPU: fits" in lines[3] and len(fig.axes[0].patches) == 4 * 3
+
+
 def test_formulas_match_the_paper_and_refuse_bad_input():
     psi, n = 7_500_000_000, 64          # the paper's figure 1: 7.5 B parameters, 64 devices
     gb = {s: zm.per_device_bytes(psi, n, s, mixed_precision=True)["total"] / 1e9 for s in zm.STAGES}
