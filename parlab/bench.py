@@ -387,8 +387,8 @@ def memory_bench(quick: bool = False) -> list[str]:
     for r in rows:
         held = sum(r["held"].values())
         want = sum(r["expected"].values()) / sum(base["expected"].values())
-        lines.append(f"{r['label']:<9} keeps {held / 1e3:7.1f} kB = {held / base_held:4.2f}x "
-                     f"(formula {want:4.2f}x); sends {r['sent'] / 1e3:7.1f} kB per step = "
+        lines.append(f"{r['label']:<9} keeps {held / 1e3:7.1f} kB = {held / base_held:5.3f}x "
+                     f"(formula {want:5.3f}x); sends {r['sent'] / 1e3:7.1f} kB per step = "
                      f"{r['sent'] / base['sent']:4.2f}x (formula {r['expected_sent'] / base['expected_sent']:4.2f}x)")
     ck = memory.checkpointing(depth=16, width=256, batch=128, segments=(4,),
                               repeats=3 if quick else 7)
