@@ -355,18 +355,7 @@ def train_zero(rank: int, world_size: int, variants=VARIANTS, sizes=SIZES,
 def train_reference(sizes=SIZES, global_batch: int = 64, steps: int = 5, lr: float = 1e-3,
                     seed: int = 0) -> dict:
     """One device, the whole global batch, Adam: what every variant must equal."""
-    net = training.build_model("mlp", sizes=sizes, seed=seed)
-    opt = torch.optim.Adam(net.parameters(), lr=lr)
-    batches = training.digit_batches("mlp", global_batch)
-    losses = []
-    for _ in range(steps):
-        x, y = training.on_device(*next(batches), torch.device("cpu"))
-        opt.zero_grad()
-        loss = nn.functional.cross_entropy(net(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return {"state": training.state_numpy(net), "losses": losses}
+    return data_parallel.train_single("mlp", global_batch, steps, lr, seed, "adam", sizes)
 
 
 # ------------------------------------------------------------------ reading the timeline
