@@ -455,3 +455,38 @@ def hybrid_bench(quick: bool = False) -> list[str]:
                          f"{r['measured_s'] / base:4.2f}x dp 4 (PREDICTED "
                          f"{r['predicted'].step_s * 1e3:6.2f} ms); per rank per step: {moved}")
     return lines
+
+
+@benchmark("memory")
+def memory_bench(quick: bool = False) -> list[str]:
+    """Lab 08: per-device bytes and bytes sent per step of ZeRO 1/2/3 on 4 ranks, as ratios
+    to plain data parallel, from one launch; activation checkpointing's memory and time.
+
+    Bytes are exact (counted on the tensors each rank keeps, and on the traced
+    collectives); the checkpointing times are the quickest of interleaved runs.
+    """
+    from parlab.experiments import run_zero
+    from parlab.torch import memory, zero
+
+    steps = 3
+    variants = ("ddp", "zero1", "zero2", "zero3")
+    run = run_zero(steps=steps, variants=variants)
+    rows = zero.summary(run.results, run.timeline, steps, variants)
+    base = rows[0]
+    base_held = sum(base["held"].values())
+    lines = [f"MLP {zero.SIZES}, {base['held']['parameters'] // 4:,} parameters, float32 Adam, "
+             "4 ranks; per device (rank 0) and per step, as ratios to plain data parallel:"]
+    for r in rows:
+        held = sum(r["held"].values())
+        want = sum(r["expected"].values()) / sum(base["expected"].values())
+        lines.append(f"{r['label']:<9} keeps {held / 1e3:7.1f} kB = {held / base_held:5.3f}x "
+                     f"(formula {want:5.3f}x); sends {r['sent'] / 1e3:7.1f} kB per step = "
+                     f"{r['sent'] / base['sent']:4.2f}x (formula {r['expected_sent'] / base['expected_sent']:4.2f}x)")
+    ck = memory.checkpointing(depth=16, width=256, batch=128, segments=(4,),
+                              repeats=3 if quick else 7)
+    plain, four = ck
+    lines.append(f"checkpointing 16 layers in 4 segments: at most "
+                 f"{(four['kept'] + four['recomputed']) / plain['kept']:.2f}x the activation bytes "
+                 f"of the plain model, step {four['step_s'] / plain['step_s']:.2f}x as long "
+                 f"(a forward pass alone: {plain['forward_s'] / plain['step_s']:.2f}x a plain step)")
+    return lines

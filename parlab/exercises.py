@@ -688,6 +688,109 @@ register(Exercise(
 ))
 
 
+# --------------------------------------------------------------------------- lab 08
+def _zero_device_bytes(params, devices, stage):
+    from .zero_memory import per_device_bytes
+    return per_device_bytes(params, devices, stage)["total"]
+
+
+register(Exercise(
+    name="zero_device_bytes",
+    reference=_zero_device_bytes,
+    cases=[(p, n, s) for p in (1_000, 116_618, 1_500_000_000) for n in (1, 4, 64)
+           for s in (0, 1, 2, 3)],
+    hint="in float32 with Adam, each parameter costs 4 bytes of weight, 4 of gradient and 8 "
+         "of optimizer state (two moments) on a plain data-parallel device. Stage 1 shares "
+         "out one of the three parts over the devices, stage 2 two, stage 3 all three: which "
+         "part goes first, and which last?",
+    close=lambda got, want: math.isclose(got, want, rel_tol=1e-9),
+))
+
+
+def _zero2_problem_data(n: int, rank: int):
+    import torch
+    gen = torch.Generator().manual_seed(8)
+    params = torch.randn(6 * n, generator=gen)
+    grads = torch.randn(n, 6 * n, generator=gen)          # row r: rank r's gradient
+    return params, grads, grads[rank].clone()
+
+
+def _zero2_ranks(rank: int, world_size: int, fn) -> dict:
+    """Run the learner's step twice: on the real parameters, and with every shard but
+    this rank's replaced by NaN (a correct step never reads them)."""
+    import torch
+
+    from .trace import COMM, recorder
+    params, _, grad = _zero2_problem_data(world_size, rank)
+    rec = recorder()
+    before = len(rec.spans())
+    fn(params, grad.clone(), 0.1)
+    ops = [s.name for s in rec.spans()[before:] if s.kind == COMM]
+    s = params.numel() // world_size
+    fresh, _, _ = _zero2_problem_data(world_size, rank)
+    poisoned = torch.full_like(fresh, float("nan"))
+    poisoned[rank * s:(rank + 1) * s] = fresh[rank * s:(rank + 1) * s]
+    fn(poisoned, grad.clone(), 0.1)
+    return {"params": params.numpy().copy(), "poisoned": poisoned.numpy().copy(), "ops": ops}
+
+
+def _zero2_problem(results, world_size: int) -> str | None:
+    import numpy as np
+    params, grads, _ = _zero2_problem_data(world_size, 0)
+    want = (params - 0.1 * grads.mean(0)).numpy()
+    unscaled = (params - 0.1 * grads.sum(0)).numpy()
+    ops = results[0]["ops"]
+    if any("all_reduce" in op for op in ops):
+        return ("you used an all-reduce: every rank then receives the whole averaged gradient. "
+                "ZeRO-2 reduce-scatters it, so each rank receives (and keeps) only its shard's.")
+    if not any("reduce_scatter" in op for op in ops):
+        return "no reduce-scatter was called: the ranks' gradients were never combined."
+    if not any("all_gather" in op for op in ops):
+        return ("no all-gather was called: each rank updated its shard, but the others never "
+                "receive it.")
+    got = [r["params"] for r in results]
+    if any(not np.allclose(g, got[0], atol=1e-6) for g in got):
+        return "the ranks end with different parameters: all-gather the updated shards."
+    if np.allclose(got[0], unscaled, atol=1e-5) and not np.allclose(got[0], want, atol=1e-5):
+        ratio = world_size
+        return (f"the step is {ratio} times too large: a reduce-scatter sums the ranks' "
+                "gradients; the average divides by the number of ranks.")
+    if not np.allclose(got[0], want, atol=1e-5):
+        return "the parameters after your step differ from plain SGD on the averaged gradient."
+    if any(not np.allclose(r["poisoned"], want, atol=1e-5) for r in results):
+        return ("the result is right, but each rank used the parameters of shards it does not "
+                "own (they were replaced by NaN in a second run): update only your own shard "
+                "and let the all-gather bring the others.")
+    return None
+
+
+def check_zero2_step(fn, world_size: int = 4):
+    """Run the learner's ZeRO-2 step ``fn(flat_params, flat_grad, lr, group=None)`` on real
+    ranks; say what is wrong (the collectives used, the scale, the ranks' agreement, whether
+    a rank touched shards it does not own). Returns the step to use next."""
+    import torch
+
+    from .torch.zero import zero2_step
+    try:                     # an unfilled exercise is found without starting any rank
+        fn(torch.zeros(world_size), torch.zeros(world_size), 0.1)
+    except NotImplementedError:
+        print("[zero2_step] not attempted yet: the lab goes on with the reference solution.")
+        return zero2_step
+    except Exception:  # noqa: BLE001 - it needs the ranks: run it there
+        pass
+    results = run_on_ranks("zero2_step", _zero2_ranks, fn, world_size)
+    if results is None:
+        return zero2_step
+    problem = _zero2_problem(results, world_size)
+    if problem:
+        print(f"[zero2_step] not yet right: {problem}\nThe lab goes on with the reference.")
+        return zero2_step
+    print(f"[zero2_step] correct: on {world_size} real ranks your step equals SGD on the "
+          f"averaged gradient, with a reduce-scatter and an all-gather "
+          f"({', '.join(results[0]['ops'])}), and each rank read only its own shard.")
+    return fn
+
+
 # --------------------------------------------------------------------------- student copy
 _SOLUTION = re.compile(r"^([ \t]*)# BEGIN SOLUTION[^\n]*\n.*?^[ \t]*# END SOLUTION[^\n]*$",
                        re.S | re.M)

@@ -444,3 +444,124 @@ def run_multi_worker(workers: int = 2, steps: int = 20, *, timeout: float = 180.
     return launch(multi_worker, workers, kwargs=dict(ports=free_ports(workers), steps=steps, **options),
                   process_group=False, timeout=timeout, env={"TF_CPP_MIN_LOG_LEVEL": "2"})
 
+
+
+# --------------------------------------------------------------------------- lab 08
+def run_zero(*, devices=None, variants=None, sizes=None, global_batch: int = 64, steps: int = 5,
+             lr: float = 1e-3, timeout: float = 240.0) -> LaunchResult:
+    """Plain data parallel, ZeRO stages 1-3 by hand, stage 2 with offload, and FSDP2, one
+    after the other in one launch (``zero.train_zero``; 4 ranks unless ``devices`` says)."""
+    from .torch import zero
+    n = devices.n if devices is not None else 4
+    if global_batch % n:
+        raise ValueError(f"a global batch of {global_batch} does not split over {n} ranks: "
+                         f"use a multiple of {n}")
+    kwargs = dict(variants=tuple(variants or zero.VARIANTS), sizes=tuple(sizes or zero.SIZES),
+                  global_batch=global_batch, steps=steps, lr=lr)
+    return launch(zero.train_zero, n, kwargs=kwargs, timeout=timeout, devices=devices)
+
+
+def plot_zero_steps(run, variants=("ddp", "zero1", "zero2", "zero3"), *, rank: int = 0,
+                    title: str = ""):
+    """One lane per variant: ``rank``'s quickest step of each variant of a ``run_zero``
+    run, each from its own start; transfers coloured by their collective (drawn as
+    ``plot.timeline``'s axis colours: all_gather, all_reduce, reduce_scatter)."""
+    from . import plot, zero_memory
+    from .torch import zero
+    from .trace import Span, Timeline
+    windows = zero.variant_windows(run.timeline, variants)
+    spans, labels = [], {}
+    for lane, v in enumerate(variants):
+        step = quickest_step(run.timeline.window(*windows[v]).filter(ranks=[rank]), skip=1)
+        labels[lane] = zero.LABELS[v]
+        spans += [Span(lane, s.kind, s.name.replace("grad ", "").replace("param ", ""),
+                       s.start - step.start, s.end - step.start, s.bytes,
+                       axis=zero_memory.op_of(s.name) if s.kind == "comm" else None)
+                  for s in step.spans]
+    return plot.timeline(Timeline(spans, labels), color_by="axis", names=False,
+                         title=title or f"rank {rank}, the quickest step of each (measured)")
+
+
+def zero_fit(params: int, devices: int, mixed_precision: bool = True):
+    """What each ZeRO stage keeps per device for ``params`` parameters on ``devices``
+    devices (``parlab.zero_memory``, computed): lines saying whether it fits on a 16 GB
+    and an 80 GB GPU, and stacked bars with those two capacities drawn across."""
+    from . import plot, zero_memory
+    breakdowns, lines = {}, []
+    for stage in zero_memory.STAGES:
+        got = zero_memory.per_device_bytes(params, devices, stage, mixed_precision=mixed_precision)
+        total = got.pop("total")
+        name = "plain DP" if stage == 0 else f"ZeRO-{stage}"
+        breakdowns[name] = got
+        verdict = ", ".join(f"{gpu}: {'fits' if total <= cap else 'does NOT fit'}"
+                            for gpu, cap in zero_memory.GPUS.items())
+        lines.append(f"{name:<9} {total / 1e9:9.2f} GB per device: {verdict}")
+    fig = plot.memory(breakdowns, unit="GB",
+                      title=f"{params / 1e9:.3g} B parameters on {devices} devices (computed)")
+    ax = fig.axes[0]
+    top = max(sum(d.values()) for d in breakdowns.values()) / 1e9
+    for gpu, cap in zero_memory.GPUS.items():
+        if cap / 1e9 <= 1.5 * top:
+            ax.axhline(cap / 1e9, color="black", ls="--", lw=1)
+            ax.text(-0.4, cap / 1e9, gpu, va="bottom", ha="left", fontsize=plot.FONT - 3)
+    return lines, fig
+
+
+def zero_explorer():
+    """Sliders for a model's size and the number of devices: what each ZeRO stage keeps
+    per device (``zero_fit``, computed at once), and whether it fits on a 16 GB or an
+    80 GB GPU."""
+    import ipywidgets as w
+    from IPython.display import display
+
+    style, wide = {"description_width": "initial"}, w.Layout(width="420px")
+    size = w.FloatLogSlider(value=1.5e9, base=10, min=6, max=12, step=0.05,
+                            description="parameters", style=style, layout=wide,
+                            readout_format=".3g")
+    n = w.IntSlider(value=8, min=1, max=1024, description="devices N", style=style, layout=wide)
+    mixed = w.Checkbox(value=True, description="mixed precision (2 + 2 + 12 bytes)")
+    out = w.Output()
+
+    def draw(*_):
+        lines, fig = zero_fit(int(size.value), n.value, mixed.value)
+        with out:
+            out.clear_output(wait=True)
+            print("model states only; activations come on top")
+            print("\n".join(lines))
+            display(fig)
+
+    for widget in (size, n, mixed):
+        widget.observe(draw, names="value")
+    draw()
+    return w.VBox([w.HBox([size, n]), mixed, out])
+
+
+def plot_checkpointing(rows, *, title: str = ""):
+    """Left: activation bytes of a deep MLP, kept after the forward pass and recomputed
+    for the largest segment, per number of checkpointed segments. Right: the step time.
+    ``rows`` from ``parlab.torch.memory.checkpointing``."""
+    from . import plot
+    plt = plot._pyplot()
+    names = ["none" if r["segments"] is None else str(r["segments"]) for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.4))
+    kept = [r["kept"] / 1e6 for r in rows]
+    again = [r["recomputed"] / 1e6 for r in rows]
+    left.bar(names, kept, color=plot.MEMORY_COLORS["activations"], label="kept after forward")
+    left.bar(names, again, bottom=kept, color=plot.OKABE_ITO["yellow"],
+             label="+ largest segment, recomputed in backward")
+    left.set_ylim(0, 1.5 * max(k + a for k, a in zip(kept, again)))
+    left.set_xlabel("checkpointed segments", fontsize=plot.FONT)
+    left.set_ylabel("activations held (MB)", fontsize=plot.FONT)
+    left.set_title("memory for the backward pass (measured)", fontsize=plot.FONT)
+    left.legend(fontsize=plot.FONT - 3, frameon=False, loc="upper center")
+    right.bar(names, [r["step_s"] * 1e3 for r in rows], color=plot.COLORS["compute"])
+    right.set_xlabel("checkpointed segments", fontsize=plot.FONT)
+    right.set_ylabel("forward + backward (ms)", fontsize=plot.FONT)
+    right.set_title("time of a step (measured, quickest run)", fontsize=plot.FONT)
+    for ax in (left, right):
+        ax.grid(axis="y", alpha=0.3)
+        ax.tick_params(labelsize=plot.FONT - 2)
+    if title:
+        fig.suptitle(title, fontsize=plot.FONT + 1)
+    fig.tight_layout()
+    return plot._finish(fig)

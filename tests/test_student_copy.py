@@ -104,14 +104,15 @@ def test_every_unfilled_exercise_reaches_a_checker_that_falls_back(student):
 
 def test_checkers_that_run_on_ranks_fall_back_when_unfilled(capsys):
     import parlab.schedules
-    from parlab.torch import data_parallel, parameter_server
+    from parlab.torch import data_parallel, parameter_server, zero
 
     def todo(*args):
         raise NotImplementedError("your code here")
     assert exercises.check_schedule(todo) is parlab.schedules.one_f_one_b
     assert exercises.check_update_rule(todo) is parameter_server.sgd_update
     assert exercises.check_average_gradients(todo) is data_parallel.average_gradients
-    assert capsys.readouterr().out.count("not attempted yet") == 3
+    assert exercises.check_zero2_step(todo) is zero.zero2_step      # found before any launch
+    assert capsys.readouterr().out.count("not attempted yet") == 4
 
 
 def test_the_cheapest_student_copies_run_top_to_bottom(student):

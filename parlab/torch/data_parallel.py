@@ -174,10 +174,11 @@ def train_data_parallel(rank: int, world_size: int, mode: str = "by_hand", model
 
 
 def train_single(model: str = "mlp", global_batch: int = 128, steps: int = 5, lr: float = 0.1,
-                 seed: int = 0) -> dict:
-    """The reference: one device on the whole global batch."""
-    net = training.build_model(model, seed=seed)
-    opt = torch.optim.SGD(net.parameters(), lr=lr)
+                 seed: int = 0, optimizer: str = "sgd", sizes=None) -> dict:
+    """The reference: one device on the whole global batch ("sgd" or "adam"; ``sizes``:
+    the MLP's widths, default the course's)."""
+    net = training.build_model(model, sizes=sizes, seed=seed)
+    opt = training.make_optimizer(optimizer, net.parameters(), lr)
     batches = training.digit_batches(model, global_batch)
     losses = []
     for _ in range(steps):

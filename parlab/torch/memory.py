@@ -101,3 +101,156 @@ def measure(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn, x, y) -
         torch.cuda.synchronize()
         out["GPU allocator peak above the step's start"] = torch.cuda.max_memory_allocated() - base
     return out
+
+
+# ------------------------------------------------------------------ lab 08: spend less memory
+def _quickest_seconds(fns, repeats: int) -> list[float]:
+    """The quickest of ``repeats`` runs of each of ``fns``, on one thread, after a warm-up.
+
+    The functions take turns (one run of each per round), so a burst of other work on a
+    shared machine slows all of them alike; the quickest run is the least disturbed.
+    """
+    import time
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    times = [[] for _ in fns]
+    try:
+        for rnd in range(repeats + 1):
+            for fn, t in zip(fns, times):
+                t0 = time.perf_counter()
+                fn()
+                if rnd:                              # round 0 warms up
+                    t.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    return [min(t) for t in times]
+
+
+def checkpointed(model: nn.Sequential, segments: int):
+    """``model`` as a function that keeps only the input of each of ``segments`` chunks.
+
+    Every chunk runs under ``torch.utils.checkpoint``: its forward pass saves nothing for
+    the backward pass but its input; the backward pass runs the chunk's forward again
+    (recomputation) to get the rest (Chen et al., 2016, "Training Deep Nets with
+    Sublinear Memory Cost").
+    """
+    from torch.utils.checkpoint import checkpoint
+    if not 1 <= segments <= len(model):
+        raise ValueError(f"segments must be between 1 and the {len(model)} layers, got {segments}")
+    bounds = [round(i * len(model) / segments) for i in range(segments + 1)]
+    chunks = [model[a:b] for a, b in zip(bounds, bounds[1:])]
+
+    def run(x):
+        for chunk in chunks:
+            x = checkpoint(chunk, x, use_reentrant=False)
+        return x
+    return run, chunks
+
+
+def checkpointing(depth: int = 16, width: int = 256, batch: int = 128,
+                  segments=(2, 4, 8, 16), repeats: int = 7, seed: int = 0) -> list[dict]:
+    """Activation memory against time, plain and checkpointed, on a deep MLP.
+
+    For each setting (None: no checkpointing, else the number of segments): ``kept``, the
+    bytes autograd keeps after the forward pass (``saved_tensor_counter``, measured);
+    ``recomputed``, the bytes the largest segment saves again when the backward pass
+    recomputes it (measured on that segment), so that kept + recomputed is the most held
+    at once; ``step_s``, the quickest time of a forward and backward pass (and
+    ``forward_s``, of a forward pass alone, without autograd); and
+    ``max_grad_diff``, the largest difference of any gradient from the plain model's.
+    """
+    from . import training
+    model = training.build_model("mlp", sizes=(64, *[width] * depth, 10), seed=seed)
+    x, y = (torch.as_tensor(a) for a in next(training.digit_batches("mlp", batch)))
+    loss_fn = nn.CrossEntropyLoss()
+    rows, plain_grads, steps = [], None, []
+    for k in (None, *segments):
+        run, chunks = (model, [model]) if k is None else checkpointed(model, k)
+
+        def step(run=run):
+            model.zero_grad(set_to_none=True)
+            loss_fn(run(x), y).backward()
+        steps.append(step)
+
+        saved = saved_tensor_counter(model)
+        model.zero_grad(set_to_none=True)
+        with saved:
+            loss = loss_fn(run(x), y)
+        loss.backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        plain_grads = plain_grads or grads
+        recomputed = 0
+        if k is not None:                 # what the largest chunk saves while it is redone
+            a = x
+            for chunk in chunks:
+                inner = saved_tensor_counter(model)
+                with inner:
+                    a2 = chunk(a.detach().requires_grad_(a is not x))
+                recomputed = max(recomputed, inner.bytes)
+                a = a2.detach()
+        rows.append({"segments": k, "kept": saved.bytes, "recomputed": recomputed,
+                     "max_grad_diff": max(float((g - p).abs().max())
+                                          for g, p in zip(grads, plain_grads))})
+    def forward_only():
+        with torch.no_grad():
+            model(x)
+    *seconds, forward_s = _quickest_seconds([*steps, forward_only], repeats)
+    for row, t in zip(rows, seconds):
+        row["step_s"], row["forward_s"] = t, forward_s
+    return rows
+
+
+def mixed_precision(sizes=(64, 256, 256, 10), batch: int = 1024, steps: int = 40,
+                    lr: float = 1e-3, seed: int = 0, dtype=torch.bfloat16) -> dict:
+    """The same training in float32 and with ``torch.autocast`` to ``dtype`` (float32
+    master weights: the parameters, their gradients and Adam's state stay float32).
+
+    Returns per precision: the losses, the test accuracy after ``steps`` steps, the bytes
+    saved for the backward pass in one step (``saved_tensor_counter``: activations, and
+    under autocast the low-precision copies of the weights), the parameters' bytes and
+    dtype, and the quickest step time. bfloat16 keeps float32's exponent range, so it needs
+    no loss scaling (float16 would: ``torch.amp.GradScaler``).
+    """
+    from .. import data as datasets
+    from . import training
+    device = "cpu"
+    x_test, y_test = datasets.digits("test")
+    out = {}
+    for name in ("float32", str(dtype).replace("torch.", "")):
+        model = training.build_model("mlp", sizes=sizes, seed=seed)
+        opt = torch.optim.Adam(model.parameters(), lr=lr)
+        batches = training.digit_batches("mlp", batch)
+        low = name != "float32"
+        losses, saved_bytes = [], 0
+
+        def step(xb, yb, count=False):
+            opt.zero_grad(set_to_none=True)
+            saved = saved_tensor_counter(model)
+            with saved if count else _nothing(), torch.autocast(device, dtype=dtype, enabled=low):
+                loss = nn.functional.cross_entropy(model(xb), yb)
+            loss.backward()
+            opt.step()
+            return loss.item(), saved.bytes
+
+        for i in range(steps):
+            xb, yb = (torch.as_tensor(a) for a in next(batches))
+            loss, b = step(xb, yb, count=i == 0)
+            saved_bytes = saved_bytes or b
+            losses.append(loss)
+        xb, yb = (torch.as_tensor(a) for a in next(batches))
+        with torch.no_grad(), torch.autocast(device, dtype=dtype, enabled=low):
+            pred = model(torch.as_tensor(x_test)).argmax(1).numpy()
+        out[name] = {"losses": losses, "test_accuracy": float((pred == y_test).mean()),
+                     "saved_for_backward": saved_bytes,
+                     "parameters": sum(p.numel() * p.element_size() for p in model.parameters()),
+                     "parameter_dtype": str(next(model.parameters()).dtype),
+                     "step_s": _quickest_seconds([lambda: step(xb, yb)], 5)[0]}
+    return out
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
