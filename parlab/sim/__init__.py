@@ -19,8 +19,10 @@ Predicted timelines (``parlab.trace.Timeline`` subclass ``PredictedTimeline``, w
     ``parameter_server`` (sync / async, slow workers), ``hybrid`` (dp × tp, dp × pp);
     ``timeline(name, net, cluster, batch, **options)`` dispatches by name.
 
-Memory per device (no ZeRO): ``memory(net, batch, dp=, tp=, pp=, ...)`` -> ``Memory``
-with ``fits`` and ``check()`` (raises ``DoesNotFit`` naming what to change).
+Memory per device (no ZeRO): ``memory(net, batch, dp=, tp=, pp=, micro_batches=,
+schedule=, cluster=)`` -> the busiest device's ``Memory`` (params, grads, optimizer,
+activations, capacity; ``fits``; ``check()`` raises ``DoesNotFit`` naming what to change);
+``memory_per_device`` (one per stage), ``parameter_server_memory``.
 
 Checked against papers: ``published.checks()`` (GPipe, Megatron-LM, nccl-tests).
 
@@ -28,15 +30,21 @@ The older summary model stays: ``Workload``, ``Plan``, ``predict`` -> ``Predicti
 ``plans``, ``calibrated``, ``with_links``, ``h100_nodes``, ``presets`` (lab 07), and the
 closed forms ``send_s``, ``all_reduce_s``, ``bubble``.
 """
+from . import clusters
+from .clusters import (a100_nvlink, gpu_presets, h100_infiniband, h100_nvlink, t4_pcie,
+                       this_machine)
 from .costs import Layer, Measured, Network, Roofline
 from .engine import Deadlock, PredictedTimeline
 from .model import (AXES, Cluster, Link, Plan, Prediction, Workload, all_reduce_s, bubble,
                     calibrated, h100_nodes, plans, predict, presets, send_s, with_links)
+from .memory import DoesNotFit, Memory, memory, memory_per_device, parameter_server_memory
 from .timelines import (STRATEGIES, all_gather_s, data_parallel, hybrid, manual_split,
                         parameter_server, pipeline, single_device, tensor_parallel, timeline)
 
 __all__ = sorted([
-    "AXES", "Cluster", "Deadlock", "Layer", "Link", "Measured", "Network", "Plan",
+    "AXES", "Cluster", "Deadlock", "DoesNotFit", "Layer", "Memory", "a100_nvlink", "clusters",
+    "gpu_presets", "h100_infiniband", "h100_nvlink", "memory", "memory_per_device",
+    "parameter_server_memory", "t4_pcie", "this_machine", "Link", "Measured", "Network", "Plan",
     "PredictedTimeline", "Prediction", "Roofline", "STRATEGIES", "Workload", "all_gather_s",
     "all_reduce_s", "bubble", "calibrated", "data_parallel", "h100_nodes", "hybrid",
     "manual_split", "parameter_server", "pipeline", "plans", "predict", "presets", "send_s",
