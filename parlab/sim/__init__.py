@@ -30,7 +30,7 @@ The older summary model stays: ``Workload``, ``Plan``, ``predict`` -> ``Predicti
 ``plans``, ``calibrated``, ``with_links``, ``h100_nodes``, ``presets`` (lab 07), and the
 closed forms ``send_s``, ``all_reduce_s``, ``bubble``.
 """
-from . import clusters
+from . import clusters, published
 from .clusters import (a100_nvlink, gpu_presets, h100_infiniband, h100_nvlink, t4_pcie,
                        this_machine)
 from .costs import Layer, Measured, Network, Roofline
@@ -44,7 +44,7 @@ from .timelines import (STRATEGIES, all_gather_s, data_parallel, hybrid, manual_
 __all__ = sorted([
     "AXES", "Cluster", "Deadlock", "DoesNotFit", "Layer", "Memory", "a100_nvlink", "clusters",
     "gpu_presets", "h100_infiniband", "h100_nvlink", "memory", "memory_per_device",
-    "parameter_server_memory", "t4_pcie", "this_machine", "Link", "Measured", "Network", "Plan",
+    "parameter_server_memory", "published", "t4_pcie", "this_machine", "Link", "Measured", "Network", "Plan",
     "PredictedTimeline", "Prediction", "Roofline", "STRATEGIES", "Workload", "all_gather_s",
     "all_reduce_s", "bubble", "calibrated", "data_parallel", "h100_nodes", "hybrid",
     "manual_split", "parameter_server", "pipeline", "plans", "predict", "presets", "send_s",

@@ -41,6 +41,8 @@ class Layer:
     saved_elems: float               # kept for the backward pass
     elementwise_bytes: float = 0.0   # read + written by element-wise work, split by tp
     replicated_bytes: float = 0.0    # read + written by work every tp rank repeats
+    tp_all_reduces: int = 0          # a Megatron block: all-reduces of its output per pass
+                                     # (0: a plain linear layer, paired column-then-row)
 
 
 @dataclass(frozen=True)
@@ -104,19 +106,23 @@ class Network:
         (Korthikanti et al., 2022, eq. 1). Element-wise: softmax and dropout over a s^2
         scores and GeLU over 4 s h split by tp; two layer norms, two dropouts and two
         residual adds over s h repeated on every tp rank (what sequence parallelism
-        later removed). The embedding (vocab h) is a layer of its own when vocab > 0.
+        later removed). Under tensor parallelism a block all-reduces its s h output twice
+        forward and its input's gradient twice backward (Shoeybi et al., 2019, fig. 4).
+        The embedding (vocab h) is a layer of its own when vocab > 0.
         """
         s, h, a = seq, hidden, heads
         block = Layer("block", 12 * h * h + 13 * h, 24.0 * s * h * h + 4.0 * s * s * h,
                       out_elems=s * h, saved_elems=s * h * (34 + 5 * a * s / h) / 2,
                       elementwise_bytes=2.0 * (3 * 2 * a * s * s + 2 * 4 * s * h),
-                      replicated_bytes=2.0 * (2 * 2 + 2 * 2 + 2 * 3) * s * h)
+                      replicated_bytes=2.0 * (2 * 2 + 2 * 2 + 2 * 3) * s * h,
+                      tp_all_reduces=2)
         body = tuple(Layer(f"block{k}", block.params, block.flops, block.out_elems,
-                           block.saved_elems, block.elementwise_bytes, block.replicated_bytes)
+                           block.saved_elems, block.elementwise_bytes, block.replicated_bytes,
+                           block.tp_all_reduces)
                      for k in range(_count(layers, "layers")))
-        if vocab:
+        if vocab:       # its matrix also gives the logits: 2 s h V FLOPs, sliced by vocab
             head = Layer("embedding", vocab * h, 2.0 * s * h * vocab, out_elems=s * h,
-                         saved_elems=s * h)
+                         saved_elems=s * h, tp_all_reduces=1)
             body = (head, *body)
         return cls(name, body, s * h, 2, {"params": 2, "grads": 2, "optimizer": 12},
                    grad_wire_bytes=2, update_bytes=32.0)

@@ -106,7 +106,7 @@ class _Stage:
     def _sliced(self, i: int) -> int:
         """tp degree layer i is sliced by: an unpaired last layer stays whole (column_row)."""
         tp = self.mesh.tp
-        if tp == 1 or self.scheme == "naive":
+        if tp == 1 or self.scheme == "naive" or self.net.layers[i].tp_all_reduces:
             return tp
         k = i - self.layers.start
         return tp if (k % 2 == 1 or k + 1 < len(self.layers)) else 1
@@ -117,8 +117,12 @@ class _Stage:
     def forward(self, name: str, batch: float, group: tuple) -> list:
         ops, m, ab = [], self.mesh, self.net.act_bytes
         for k, i in enumerate(self.layers):
-            ops.append(Compute(name, self.costs.forward_s(i, batch, self._sliced(i))))
             out = self.net.layers[i].out_elems * batch * ab
+            blocks = self.net.layers[i].tp_all_reduces
+            if m.tp > 1 and blocks:         # a Megatron block: compute, all-reduce, twice
+                ops += self._block(name, self.costs.forward_s(i, batch, m.tp), out, blocks, group)
+                continue
+            ops.append(Compute(name, self.costs.forward_s(i, batch, self._sliced(i))))
             if m.tp == 1:
                 continue
             if self.scheme == "naive":      # every layer's slices gathered whole
@@ -133,8 +137,13 @@ class _Stage:
         ops, m, ab = [], self.mesh, self.net.act_bytes
         for k in reversed(range(len(self.layers))):
             i = self.layers[k]
-            ops.append(Compute(name, self.costs.backward_s(i, batch, self._sliced(i))))
             grad_in = (self.net.in_elems if i == 0 else self.net.layers[i - 1].out_elems) * batch * ab
+            blocks = self.net.layers[i].tp_all_reduces
+            if m.tp > 1 and blocks:          # (the input data needs no gradient)
+                ops += self._block(name, self.costs.backward_s(i, batch, m.tp), grad_in,
+                                   blocks if i > 0 else 0, group)
+                continue
+            ops.append(Compute(name, self.costs.backward_s(i, batch, self._sliced(i))))
             # dL/dx of a column-parallel layer is a sum over the ranks; the input data
             # needs none (the first layer of the network)
             column = self.scheme == "naive" or (k % 2 == 0 and self._sliced(i) > 1)
@@ -142,6 +151,17 @@ class _Stage:
                 ops.append(self._tp(group, grad_in,
                                     _all_reduce(grad_in, m.tp, m.link["tp"], m.overhead),
                                     "all-reduce"))
+        return ops
+
+    def _block(self, name, seconds, nbytes, all_reduces, group) -> list:
+        """A block's pass cut in ``all_reduces`` equal parts, each ending in one."""
+        m, ops = self.mesh, []
+        if all_reduces == 0:
+            return [Compute(name, seconds)]
+        for _ in range(all_reduces):
+            ops.append(Compute(name, seconds / all_reduces))
+            ops.append(self._tp(group, nbytes, _all_reduce(nbytes, m.tp, m.link["tp"], m.overhead),
+                                "all-reduce"))
         return ops
 
     def params(self) -> float:
@@ -517,42 +537,49 @@ def _ps_sync(workers, steps, slow, fwd, bwd, update, add, t_params, t_grads, pby
 
 
 def _ps_async(workers, steps, slow, fwd, bwd, update, add, t_params, t_grads, pbytes, gbytes):
-    """The server takes pushes in the order they arrive (first come, first served)."""
+    """The server takes pushes in the order they are ready (first come, first served).
+
+    A worker's push is non-blocking: once its backward is done it waits for the
+    server, which receives the gradients, updates, and sends that worker parameters.
+    """
     spans: list[Span] = []
     server_free = 0.0
-    ready = {}                                  # worker -> time its push has arrived
+    ready = {}                                  # worker -> when its gradients are ready
     for w in range(1, workers + 1):            # the first pull, in rank order
-        spans.append(Span(0, COMM, "send params", server_free, server_free + t_params, int(pbytes), w))
-        spans.append(Span(w, WAIT, "wait for server", 0.0, server_free))
-        spans.append(Span(w, COMM, "pull params", server_free, server_free + t_params, int(pbytes), 0))
+        _pull(spans, w, 0.0, server_free, t_params, pbytes)
         server_free += t_params
-        ready[w] = _work_span(spans, w, server_free, fwd, bwd, slow.get(w, 1.0), t_grads, gbytes)
+        ready[w] = _work(spans, w, server_free, fwd, bwd, slow.get(w, 1.0))
     for _ in range(steps * workers):
-        w = min(ready, key=lambda k: (ready[k][0], k))
-        arrival, posted = ready.pop(w)
-        if arrival > server_free:
-            spans.append(Span(0, WAIT, "wait for push", server_free, arrival - t_grads))
-        start = max(server_free, arrival - t_grads)
-        spans.append(Span(0, COMM, "receive gradients", start, start + t_grads, int(gbytes), w))
-        t = start + t_grads
+        w = min(ready, key=lambda k: (ready[k], k))
+        pushed = ready.pop(w)
+        if pushed > server_free:
+            spans.append(Span(0, WAIT, "wait for push", server_free, pushed))
+        t = max(server_free, pushed)
+        spans.append(Span(0, COMM, "receive gradients", t, t + t_grads, int(gbytes), w))
+        spans.append(Span(w, WAIT, "wait for server", pushed, t))
+        spans.append(Span(w, COMM, "push gradients", t, t + t_grads, int(gbytes), 0))
+        t += t_grads
         spans.append(Span(0, COMPUTE, "apply update", t, t + update))
         t += update
-        spans.append(Span(0, COMM, "send params", t, t + t_params, int(pbytes), w))
-        spans.append(Span(w, WAIT, "wait for server", posted, t))
-        spans.append(Span(w, COMM, "pull params", t, t + t_params, int(pbytes), 0))
+        _pull(spans, w, t - update, t, t_params, pbytes)
         server_free = t + t_params
-        ready[w] = _work_span(spans, w, server_free, fwd, bwd, slow.get(w, 1.0), t_grads, gbytes)
+        ready[w] = _work(spans, w, server_free, fwd, bwd, slow.get(w, 1.0))
     return spans
 
 
-def _work_span(spans, w, t, fwd, bwd, factor, t_grads, gbytes) -> tuple[float, float]:
-    """A worker's forward and backward from ``t``; (its push's arrival, its post)."""
+def _pull(spans, w, waiting_from, t, t_params, pbytes) -> None:
+    """The server sends worker w the parameters at t; w waits for them from ``waiting_from``."""
+    spans.append(Span(0, COMM, "send params", t, t + t_params, int(pbytes), w))
+    spans.append(Span(w, WAIT, "wait for server", waiting_from, t))
+    spans.append(Span(w, COMM, "pull params", t, t + t_params, int(pbytes), 0))
+
+
+def _work(spans, w, t, fwd, bwd, factor) -> float:
+    """A worker's forward and backward from ``t``; when its gradients are ready."""
     spans.append(Span(w, COMPUTE, "forward", t, t + fwd * factor))
     t += fwd * factor
     spans.append(Span(w, COMPUTE, "backward", t, t + bwd * factor))
-    t += bwd * factor
-    spans.append(Span(w, COMM, "push gradients", t, t + t_grads, int(gbytes), 0))
-    return t + t_grads, t + t_grads
+    return t + bwd * factor
 
 
 STRATEGIES = {"single_device": single_device, "manual_split": manual_split,
