@@ -368,3 +368,17 @@ def test_programs_that_deadlock_are_refused_with_where_they_stuck():
     progs = [[engine.Recv(1, 4)], [engine.Recv(0, 4)]]
     with pytest.raises(sim.Deadlock, match="rank 0 at Recv"):
         engine.run(progs)
+
+
+def test_a_rank_that_blocked_resumes_a_wake_up_later():
+    """On a busy CPU a blocked receiver is scheduled again late: the split pays it twice
+    a step on the second stage (activation) and once on the first (gradient)."""
+    net, costs = _even(4)
+    quick = sim.manual_split(net, _free_cluster(), 64, devices=2, bounds=[2], costs=costs)
+    slow = sim.manual_split(net, _free_cluster(wake_latency_s=1e-3), 64, devices=2, bounds=[2],
+                            costs=costs)
+    assert slow.step_s == pytest.approx(quick.step_s + 2e-3)
+    # a collective that every member reaches at once pays none
+    tp0 = sim.tensor_parallel(net, _free_cluster(), 64, devices=2, costs=costs)
+    tp1 = sim.tensor_parallel(net, _free_cluster(wake_latency_s=1e-3), 64, devices=2, costs=costs)
+    assert tp1.step_s == pytest.approx(tp0.step_s)

@@ -36,7 +36,7 @@ from .clusters import (a100_nvlink, gpu_presets, h100_infiniband, h100_nvlink, t
 from .costs import Layer, Measured, Network, Roofline
 from .engine import Deadlock, PredictedTimeline
 from .model import (AXES, Cluster, Link, Plan, Prediction, Workload, all_reduce_s, bubble,
-                    calibrated, h100_nodes, plans, predict, presets, send_s, with_links)
+                    calibrated, h100_nodes, measured_link, plans, predict, presets, send_s, with_links)
 from .memory import DoesNotFit, Memory, memory, memory_per_device, parameter_server_memory
 from .timelines import (STRATEGIES, all_gather_s, data_parallel, hybrid, manual_split,
                         parameter_server, pipeline, single_device, tensor_parallel, timeline)

@@ -10,6 +10,11 @@ starts when the last one arrives (a rendezvous), as ``trace.split_waits`` reads 
 measured timelines. If every rank is blocked before the end, the programs deadlock and
 the engine says where.
 
+``wake_s``: on an oversubscribed CPU a rank that blocked (it sleeps in the kernel)
+runs again only when the scheduler gives it a core back; a transfer that a rank had to
+wait for therefore ends that much later for it (counted as waiting). On a GPU, where
+NCCL spins, it is 0.
+
 Consecutive compute operations with the same name become one span, enclosing the
 transfers between them, as a measured ``with span("forward"):`` encloses the
 tensor-parallel all-reduces it calls.
@@ -100,9 +105,9 @@ class PredictedTimeline(Timeline):
 
 
 def run(programs: list[list], labels: dict | None = None, *, steps: int = 1,
-        notes: dict | None = None) -> PredictedTimeline:
+        notes: dict | None = None, wake_s: float = 0.0) -> PredictedTimeline:
     """Every rank's program on one clock, as a predicted timeline (see the module doc)."""
-    sim = _Engine(programs)
+    sim = _Engine(programs, wake_s)
     sim.run()
     return PredictedTimeline(_merge_compute(sim.spans), labels,
                              range(len(programs)) if labels is None else None,
@@ -110,8 +115,9 @@ def run(programs: list[list], labels: dict | None = None, *, steps: int = 1,
 
 
 class _Engine:
-    def __init__(self, programs):
+    def __init__(self, programs, wake_s: float = 0.0):
         self.programs = programs
+        self.wake_s = wake_s
         self.n = len(programs)
         self.clock = [0.0] * self.n
         self.pos = [0] * self.n
@@ -179,6 +185,8 @@ class _Engine:
         return True
 
     def _transfer(self, r, name, start, send: Send, peer) -> None:
+        if start > self.clock[r]:           # it blocked: it resumes when scheduled again
+            start += self.wake_s
         self._span(r, WAIT, name, self.clock[r], start, peer=peer, axis=send.axis)
         self._span(r, COMM, name, start, start + send.seconds, send.nbytes, peer, send.axis)
         self.clock[r] = start + send.seconds
@@ -201,15 +209,21 @@ class _Engine:
             return True
         if len(arrivals) < len(op.group):
             return False
-        start = max(arrivals.values())
+        start = self._collective_start(arrivals.values())
         self._span(r, WAIT, op.name, self.clock[r], start, axis=op.axis)
         self._span(r, COMM, op.name, start, start + op.seconds, op.nbytes, axis=op.axis)
         self.clock[r] = start + op.seconds
         return True
 
+    def _collective_start(self, ready) -> float:
+        """When the last member is there, plus a wake-up if any member had to block."""
+        ready = list(ready)
+        last = max(ready)
+        return last + (self.wake_s if min(ready) < last else 0.0)
+
     def _resolve_background(self, op: Collective, arrivals: dict) -> None:
         """All members posted: the collective runs when the last has, and every lane is free."""
-        start = max([*arrivals.values(), *(self.lane_free[m] for m in op.group)])
+        start = self._collective_start([*arrivals.values(), *(self.lane_free[m] for m in op.group)])
         for m in op.group:
             lane = self.n + m
             self._span(lane, WAIT, op.name, max(arrivals[m], self.lane_free[m]), start, axis=op.axis)

@@ -41,6 +41,7 @@ from .model import Cluster, all_reduce_s, send_s
 from ..trace import COMM, COMPUTE, WAIT, Span
 
 SCHEMES = ("column_row", "naive")
+HEADER_BYTES = 8                # a parameter server's message header: two float32
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 
@@ -85,6 +86,7 @@ class _Mesh:
         span = {"tp": tp, "pp": pp * tp, "dp": self.size}
         self.link = {a: cluster.link(span[a]) for a in span}
         self.overhead = cluster.collective_overhead_s
+        self.wake = getattr(cluster, "wake_latency_s", 0.0)
 
     def rank(self, d: int, s: int, t: int) -> int:
         return (d * self.pp + s) * self.tp + t
@@ -202,6 +204,12 @@ def _buckets(net: Network, layers: range, shard_params, buckets) -> list[tuple[i
 def _programs(net, cluster, costs, batch, *, dp=1, tp=1, pp=1, micro_batches=1,
               schedule="gpipe", scheme="column_row", bounds=None, buckets=1, overlap=True,
               chunks=1, steps=1, blocking=False, phase_names=None):
+    """Every rank's program for ``steps`` steps of a dp × pp × tp mesh, and the mesh.
+
+    Each rank runs its stage's schedule (one F and one B when there is no pipeline),
+    its layers sliced over tp, then averages its gradients over dp and updates the
+    parameters it holds. Every strategy but the parameter server is a case of this.
+    """
     mesh = _Mesh(cluster, dp, pp, tp)
     replica = _divides(batch, dp, "data-parallel replicas")
     mb = _divides(replica, micro_batches, "micro-batches")
@@ -371,7 +379,7 @@ def _labels(mesh: _Mesh, background: bool) -> dict:
 
 
 def _run(progs, mesh, steps, notes, background=False) -> PredictedTimeline:
-    return run(progs, _labels(mesh, background), steps=steps, notes=notes)
+    return run(progs, _labels(mesh, background), steps=steps, notes=notes, wake_s=mesh.wake)
 
 
 def _costs(net, cluster, costs):
@@ -497,22 +505,26 @@ def parameter_server(net: Network, cluster: Cluster, batch: int, *, workers: int
     mesh = _Mesh(cluster, workers + 1, 1, 1)
     per = _divides(batch, workers, "workers")
     p = net.params
-    t_params = send_s(p * net.state["params"], mesh.link["dp"])
-    t_grads = send_s(p * net.grad_wire_bytes, mesh.link["dp"])
+    # every pull and push is a small header (version, stop / loss) and then the tensor:
+    # two messages, two latencies (lab 06's protocol)
+    header = send_s(HEADER_BYTES, mesh.link["dp"])
+    t_params = header + send_s(p * net.state["params"], mesh.link["dp"])
+    t_grads = header + send_s(p * net.grad_wire_bytes, mesh.link["dp"])
     fwd = sum(costs.forward_s(i, per) for i in range(len(net)))
     bwd = sum(costs.backward_s(i, per) for i in range(len(net)))
     update = costs.update_s(p)
     add = p * net.grad_wire_bytes * 3 / cluster.memory_bandwidth_Bps + cluster.layer_overhead_s
     sim = _ps_sync if mode == "sync" else _ps_async
     spans = sim(workers, steps, slow, fwd, bwd, update, add, t_params, t_grads,
-                p * net.state["params"], p * net.grad_wire_bytes)
+                p * net.state["params"], p * net.grad_wire_bytes, mesh.wake)
     labels = {0: "server (predicted)", **{w: f"worker {w} (predicted)" for w in range(1, workers + 1)}}
     return PredictedTimeline(spans, labels, steps=steps,
                              notes=_notes(f"parameter server, {mode}", net, cluster, costs,
                                           slow=slow))
 
 
-def _ps_sync(workers, steps, slow, fwd, bwd, update, add, t_params, t_grads, pbytes, gbytes):
+def _ps_sync(workers, steps, slow, fwd, bwd, update, add, t_params, t_grads, pbytes, gbytes,
+             wake):
     progs = [[] for _ in range(workers + 1)]
     ws = range(1, workers + 1)
     for w in ws:
@@ -530,13 +542,14 @@ def _ps_sync(workers, steps, slow, fwd, bwd, update, add, t_params, t_grads, pby
     for w in ws:
         progs[w].append(Recv(0, pbytes, "pull params"))
     from .engine import _Engine
-    eng = _Engine(progs)
+    eng = _Engine(progs, wake)
     eng.run()
     from .engine import _merge_compute
     return _merge_compute(eng.spans)
 
 
-def _ps_async(workers, steps, slow, fwd, bwd, update, add, t_params, t_grads, pbytes, gbytes):
+def _ps_async(workers, steps, slow, fwd, bwd, update, add, t_params, t_grads, pbytes, gbytes,
+              wake):
     """The server takes pushes in the order they are ready (first come, first served).
 
     A worker's push is non-blocking: once its backward is done it waits for the
@@ -552,26 +565,30 @@ def _ps_async(workers, steps, slow, fwd, bwd, update, add, t_params, t_grads, pb
     for _ in range(steps * workers):
         w = min(ready, key=lambda k: (ready[k], k))
         pushed = ready.pop(w)
-        if pushed > server_free:
-            spans.append(Span(0, WAIT, "wait for push", server_free, pushed))
         t = max(server_free, pushed)
+        if pushed > server_free:            # the server slept: it wakes late
+            t += wake
+            spans.append(Span(0, WAIT, "wait for push", server_free, t))
         spans.append(Span(0, COMM, "receive gradients", t, t + t_grads, int(gbytes), w))
         spans.append(Span(w, WAIT, "wait for server", pushed, t))
         spans.append(Span(w, COMM, "push gradients", t, t + t_grads, int(gbytes), 0))
         t += t_grads
         spans.append(Span(0, COMPUTE, "apply update", t, t + update))
         t += update
-        _pull(spans, w, t - update, t, t_params, pbytes)
+        _pull(spans, w, t - update, t, t_params, pbytes, wake)
         server_free = t + t_params
-        ready[w] = _work(spans, w, server_free, fwd, bwd, slow.get(w, 1.0))
+        ready[w] = _work(spans, w, server_free + wake, fwd, bwd, slow.get(w, 1.0))
     return spans
 
 
-def _pull(spans, w, waiting_from, t, t_params, pbytes) -> None:
-    """The server sends worker w the parameters at t; w waits for them from ``waiting_from``."""
+def _pull(spans, w, waiting_from, t, t_params, pbytes, wake=0.0) -> None:
+    """The server sends worker w the parameters at t; w waits for them from ``waiting_from``
+    (and, having slept, ``wake`` longer)."""
     spans.append(Span(0, COMM, "send params", t, t + t_params, int(pbytes), w))
     spans.append(Span(w, WAIT, "wait for server", waiting_from, t))
     spans.append(Span(w, COMM, "pull params", t, t + t_params, int(pbytes), 0))
+    if wake:
+        spans.append(Span(w, WAIT, "wait for server", t + t_params, t + t_params + wake))
 
 
 def _work(spans, w, t, fwd, bwd, factor) -> float:
