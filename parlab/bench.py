@@ -427,9 +427,9 @@ def sim_bench(quick: bool = False) -> list[str]:
     from parlab.torch import tensor_parallel as tp
 
     cores = os.cpu_count() or 1
-    steps = 10 if quick else 20
+    steps = 8 if quick else 14
     here = measure_this_machine(SIM_SIZES, batches=(32, 64, 128), fit_batches=(32, 128),
-                                steps=8 if quick else 15)
+                                steps=8 if quick else 12)
     cluster, costs, lab01 = here["cluster"], here["costs"], here["timelines"][64]
     net = sim.Network.mlp(SIM_SIZES)
     lines = [f"calibrated on one launch: lab 01's step at batches 32 and 128 (fixed part "
@@ -472,7 +472,7 @@ def sim_bench(quick: bool = False) -> list[str]:
     # lab 04: GPipe and 1F1B on 2 stages, 4 micro-batches of 64
     pnet = sim.Network.mlp(SIM_PIPELINE_SIZES)
     pcosts = _rescaled(costs, net, pnet)
-    cfg = SplitConfig(sizes=SIM_PIPELINE_SIZES, batch_size=256, steps=6 if quick else 10, lr=0.01)
+    cfg = SplitConfig(sizes=SIM_PIPELINE_SIZES, batch_size=256, steps=5 if quick else 8, lr=0.01)
     for schedule in ("gpipe", "1f1b"):
         out = run_pipeline(cfg, 2, 4, schedule)
         bounds = [(b + 1) // 2 for b in pl.stage_bounds(cfg, 2)]
@@ -483,6 +483,10 @@ def sim_bench(quick: bool = False) -> list[str]:
                                  _median_step(out.timeline, name="F0")))
         lines.append(_share_line(label, "bubble", pl.measured_bubble(pred, 2, 4, skip_steps=1),
                                  pl.measured_bubble(out.timeline, 2, 4)))
+        recv = [s.duration for s in out.timeline if s.kind == "comm" and s.name == "recv"]
+        model = [s.duration for s in pred if s.kind == "comm" and s.name == "recv"]
+        lines.append(f"{label}: one activation's transfer (receive), median: measured "
+                     f"{np.median(recv) * 1e3:.2f} ms, link model {np.median(model) * 1e3:.2f} ms")
 
     # lab 05: data parallel on 2 devices, global batch 128: by hand, then DDP
     for mode in ("by_hand", "ddp"):
@@ -512,7 +516,7 @@ def sim_bench(quick: bool = False) -> list[str]:
         lines.append(_share_line(label, "fast worker's wait share", fast(pred), fast(res.timeline)))
 
     # lab 07: the hybrids of 4 ranks (2 cores: compute shared by 4 ranks)
-    survey = survey_hybrid(steps=6 if quick else 10)
+    survey = survey_hybrid(steps=6 if quick else 8)
     shared = _contended(costs, 4, cores)
     lines.append(f"lab 07: 4 ranks on {cores} cores: per-layer costs x{max(4 / cores, 1):g} "
                  "(the calibration ran one rank at a time)")

@@ -11,9 +11,10 @@ measured timelines. If every rank is blocked before the end, the programs deadlo
 the engine says where.
 
 ``wake_s``: on an oversubscribed CPU a rank that blocked (it sleeps in the kernel)
-runs again only when the scheduler gives it a core back; a transfer that a rank had to
-wait for therefore ends that much later for it (counted as waiting). On a GPU, where
-NCCL spins, it is 0.
+runs again only when the scheduler gives it a core back; a message that a rank had to
+wait for therefore ends that much later for it (counted as waiting), and so does every
+collective (its members, descheduled at random, never arrive together: one always
+blocks). On a GPU, where NCCL spins, it is 0.
 
 Consecutive compute operations with the same name become one span, enclosing the
 transfers between them, as a measured ``with span("forward"):`` encloses the
@@ -216,10 +217,9 @@ class _Engine:
         return True
 
     def _collective_start(self, ready) -> float:
-        """When the last member is there, plus a wake-up if any member had to block."""
-        ready = list(ready)
-        last = max(ready)
-        return last + (self.wake_s if min(ready) < last else 0.0)
+        """When the last member is there, plus one wake-up: on a busy CPU the members never
+        arrive together (each is descheduled at random), so one always blocked."""
+        return max(ready) + self.wake_s
 
     def _resolve_background(self, op: Collective, arrivals: dict) -> None:
         """All members posted: the collective runs when the last has, and every lane is free."""

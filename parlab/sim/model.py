@@ -1,4 +1,7 @@
-"""A small cost model: which strategies fit in memory, and how long a step would take.
+"""The summary cost model (lab 07): which plans fit in memory, how long a step would take.
+
+One number per part of a step (compute, bubble, tp, pp, dp) rather than a timeline
+(``sim.timelines`` draws those); the links, clusters and closed forms here serve both.
 
 Everything here is a PREDICTION, from a handful of numbers about a model and a cluster;
 labs print and plot it labelled as such, next to what was measured where they can.

@@ -223,7 +223,6 @@ def _programs(net, cluster, costs, batch, *, dp=1, tp=1, pp=1, micro_batches=1,
             for s in range(pp):
                 for t in range(tp):
                     r = mesh.rank(d, s, t)
-                    group = mesh.tp_group(d, s)
                     parts = [_Stage(net, costs, cuts[c * pp + s], mesh, scheme) for c in range(chunks)]
                     for kind, i, c in ops_of[s]:
                         progs[r] += _pipeline_op(kind, i, c, s, parts[c], mesh, d, t, pp, chunks,
