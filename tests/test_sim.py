@@ -223,6 +223,7 @@ STRATEGY_CASES = [
     ("parameter_server", {"workers": 2, "mode": "sync", "slow": {2: 3}}, 3),
     ("parameter_server", {"workers": 2, "mode": "async", "slow": {2: 3}}, 3),
     ("hybrid", {"dp": 2, "tp": 2}, 4), ("hybrid", {"dp": 2, "pp": 2}, 4),
+    ("hybrid", {"dp": 2, "pp": 2, "tp": 2, "overlap": True}, 16),     # 8 ranks, 8 bucket lanes
 ]
 
 
