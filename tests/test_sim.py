@@ -384,3 +384,18 @@ def test_a_rank_that_blocked_resumes_a_wake_up_later():
     tp1 = sim.tensor_parallel(net, _free_cluster(wake_latency_s=1e-3), 64, devices=2, costs=costs)
     collectives = sum(1 for s in tp0 if s.rank == 0 and s.kind == COMM)
     assert collectives == 3 and tp1.step_s == pytest.approx(tp0.step_s + 3e-3)
+
+
+def test_presets_derate_their_datasheets_and_say_so():
+    h100, a100, t4 = sim.h100_nvlink(), sim.a100_nvlink(), sim.t4_pcie()
+    assert h100.flops == pytest.approx(0.4 * 989e12)             # sustained, not peak
+    assert h100.intra.bandwidth_Bps == pytest.approx(0.8 * 450e9)
+    assert a100.memory_bandwidth_Bps == pytest.approx(0.8 * 2039e9)
+    assert t4.memory_bytes == 16e9 and t4.devices == 2
+    ib = sim.h100_infiniband(2)
+    assert ib.devices == 16 and ib.link(16) is ib.inter and ib.link(8) is ib.intra
+    assert ib.inter.bandwidth_Bps < ib.intra.bandwidth_Bps / 5
+    # the same step is faster on faster hardware
+    net = sim.Network.transformer("small", 4, 1024, 16, 512)
+    times = [sim.data_parallel(net, c, 16, devices=2).step_s for c in (t4, a100, h100)]
+    assert times == sorted(times, reverse=True)
