@@ -427,6 +427,7 @@ def sim_bench(quick: bool = False) -> list[str]:
     from parlab.torch import tensor_parallel as tp
 
     cores = os.cpu_count() or 1
+    load0 = _load()
     steps = 8 if quick else 14
     here = measure_this_machine(SIM_SIZES, batches=(32, 64, 128), fit_batches=(32, 128),
                                 steps=8 if quick else 12)
@@ -435,8 +436,8 @@ def sim_bench(quick: bool = False) -> list[str]:
     lines = [f"calibrated on one launch: lab 01's step at batches 32 and 128 (fixed part "
              f"{costs.fixed_s * 1e6:.0f} us per layer pass), link {cluster.intra}, "
              f"collective overhead {cluster.collective_overhead_s * 1e3:.2f} ms, wake-up after "
-             f"blocking {cluster.wake_latency_s * 1e3:.2f} ms; "
-             f"{cores} cores; everything below is predicted from these"]
+             f"blocking {cluster.wake_latency_s * 1e3:.2f} ms; {cores} cores, load average "
+             f"{load0}; everything below is predicted from these"]
 
     def predicted_step(tl, marker="forward"):
         return float(np.median([b - a for a, b in tl.step_windows(marker)]))
@@ -527,8 +528,21 @@ def sim_bench(quick: bool = False) -> list[str]:
         marker = "F0" if shape.get("pp", 1) > 1 else "forward"
         lines.append(_ratio_line(f"lab 07 {row['label']}", predicted_step(pred, marker),
                                  row["measured_s"]))
+    again = measure_this_machine(SIM_SIZES, batches=(32, 128), steps=6)["cluster"]
+    lines.append(f"calibration repeated at the end: link {again.intra}, collective overhead "
+                 f"{again.collective_overhead_s * 1e3:.2f} ms, wake-up "
+                 f"{again.wake_latency_s * 1e3:.2f} ms; load average {_load()} (start: {load0})")
     lines += sim.published.lines()
     return lines
+
+
+def _load() -> str:
+    """The machine's 1-minute load average: how many processes wanted its cores."""
+    import os
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except OSError:
+        return "unknown"
 
 
 def _rescaled(costs, net, other):
