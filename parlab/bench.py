@@ -370,17 +370,6 @@ SIM_SIZES = (64, 256, 256, 128, 10)       # the course's MLP (labs 02, 03, 05, 0
 SIM_PIPELINE_SIZES = (64, 256, 256, 256, 256, 256, 256, 10)     # lab 04: deeper, same width
 
 
-def _contended(costs, ranks: int, cores: int):
-    """Per-layer costs when ``ranks`` simulated devices compute at once on ``cores`` cores:
-    each gets cores / ranks of a core (an assumption: the OS shares them fairly)."""
-    from dataclasses import replace
-    f = max(ranks / cores, 1.0)
-    return replace(costs, forward=tuple(t * f for t in costs.forward),
-                   backward=tuple(t * f for t in costs.backward), update=costs.update * f,
-                   fixed_s=costs.fixed_s * f, source=f"{costs.source}, x{f:g} for {ranks} "
-                   f"ranks on {cores} cores")
-
-
 def _warm_shares(timeline, marker: str, skip: int = 1, rank=None) -> dict:
     """Mean compute / transfer / wait+idle share over the steps after the first ``skip``."""
     windows = timeline.step_windows(marker, rank)[skip:]
@@ -516,15 +505,12 @@ def sim_bench(quick: bool = False) -> list[str]:
         fast = lambda tl: tl.summary()[1]["wait_share"] + tl.summary()[1]["idle_share"]  # noqa: E731
         lines.append(_share_line(label, "fast worker's wait share", fast(pred), fast(res.timeline)))
 
-    # lab 07: the hybrids of 4 ranks (2 cores: compute shared by 4 ranks)
+    # lab 07: the hybrids of 4 ranks, sharing the cores (the model's processor sharing)
     survey = survey_hybrid(steps=6 if quick else 8)
-    shared = _contended(costs, 4, cores)
-    lines.append(f"lab 07: 4 ranks on {cores} cores: per-layer costs x{max(4 / cores, 1):g} "
-                 "(the calibration ran one rank at a time)")
     for row in survey["rows"]:
         shape = row["shape"]
         pred = sim.hybrid(net, cluster, 64, dp=shape["dp"], tp=shape.get("tp", 1),
-                          pp=shape.get("pp", 1), micro_batches=4, steps=3, costs=shared)
+                          pp=shape.get("pp", 1), micro_batches=4, steps=3, costs=costs)
         marker = "F0" if shape.get("pp", 1) > 1 else "forward"
         lines.append(_ratio_line(f"lab 07 {row['label']}", predicted_step(pred, marker),
                                  row["measured_s"]))

@@ -399,3 +399,19 @@ def test_presets_derate_their_datasheets_and_say_so():
     net = sim.Network.transformer("small", 4, 1024, 16, 512)
     times = [sim.data_parallel(net, c, 16, devices=2).step_s for c in (t4, a100, h100)]
     assert times == sorted(times, reverse=True)
+
+
+def test_ranks_sharing_cores_compute_at_the_shared_rate():
+    """4 simulated devices on 2 cores: when all compute at once each runs at half speed;
+    a pipeline's stages, rarely all busy, lose less."""
+    net, costs = _even(4)
+    own = sim.data_parallel(net, _free_cluster(), 256, devices=4, overlap=False, costs=costs)
+    shared = sim.data_parallel(net, _free_cluster(cores=2), 256, devices=4, overlap=False,
+                               costs=costs)
+    assert shared.step_s == pytest.approx(2 * own.step_s)
+    two = sim.data_parallel(net, _free_cluster(cores=2), 128, devices=2, overlap=False, costs=costs)
+    assert two.step_s == pytest.approx(own.step_s)              # 2 ranks, 2 cores: no loss
+    pipe = dict(stages=4, micro_batches=4, schedule="1f1b", costs=costs)
+    p_own = sim.pipeline(net, _free_cluster(), 256, **pipe)
+    p_shared = sim.pipeline(net, _free_cluster(cores=2), 256, **pipe)
+    assert p_own.step_s < p_shared.step_s < 2 * p_own.step_s

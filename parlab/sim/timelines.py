@@ -87,6 +87,7 @@ class _Mesh:
         self.link = {a: cluster.link(span[a]) for a in span}
         self.overhead = cluster.collective_overhead_s
         self.wake = getattr(cluster, "wake_latency_s", 0.0)
+        self.cores = getattr(cluster, "cores", 0)
 
     def rank(self, d: int, s: int, t: int) -> int:
         return (d * self.pp + s) * self.tp + t
@@ -378,7 +379,8 @@ def _labels(mesh: _Mesh, background: bool) -> dict:
 
 
 def _run(progs, mesh, steps, notes, background=False) -> PredictedTimeline:
-    return run(progs, _labels(mesh, background), steps=steps, notes=notes, wake_s=mesh.wake)
+    return run(progs, _labels(mesh, background), steps=steps, notes=notes, wake_s=mesh.wake,
+               cores=mesh.cores)
 
 
 def _costs(net, cluster, costs):
@@ -515,7 +517,7 @@ def parameter_server(net: Network, cluster: Cluster, batch: int, *, workers: int
     add = p * net.grad_wire_bytes * 3 / cluster.memory_bandwidth_Bps + cluster.layer_overhead_s
     sim = _ps_sync if mode == "sync" else _ps_async
     spans = sim(workers, steps, slow, fwd, bwd, update, add, t_params, t_grads,
-                p * net.state["params"], p * net.grad_wire_bytes, mesh.wake)
+                p * net.state["params"], p * net.grad_wire_bytes, mesh)
     labels = {0: "server (predicted)", **{w: f"worker {w} (predicted)" for w in range(1, workers + 1)}}
     return PredictedTimeline(spans, labels, steps=steps,
                              notes=_notes(f"parameter server, {mode}", net, cluster, costs,
@@ -523,7 +525,7 @@ def parameter_server(net: Network, cluster: Cluster, batch: int, *, workers: int
 
 
 def _ps_sync(workers, steps, slow, fwd, bwd, update, add, t_params, t_grads, pbytes, gbytes,
-             wake):
+             mesh):
     progs = [[] for _ in range(workers + 1)]
     ws = range(1, workers + 1)
     for w in ws:
@@ -541,19 +543,21 @@ def _ps_sync(workers, steps, slow, fwd, bwd, update, add, t_params, t_grads, pby
     for w in ws:
         progs[w].append(Recv(0, pbytes, "pull params"))
     from .engine import _Engine
-    eng = _Engine(progs, wake)
+    eng = _Engine(progs, mesh.wake, mesh.cores)
     eng.run()
     from .engine import _merge_compute
     return _merge_compute(eng.spans)
 
 
 def _ps_async(workers, steps, slow, fwd, bwd, update, add, t_params, t_grads, pbytes, gbytes,
-              wake):
+              mesh):
     """The server takes pushes in the order they are ready (first come, first served).
 
     A worker's push is non-blocking: once its backward is done it waits for the
     server, which receives the gradients, updates, and sends that worker parameters.
+    (Shared cores are not modelled here: the server barely computes.)
     """
+    wake = mesh.wake
     spans: list[Span] = []
     server_free = 0.0
     ready = {}                                  # worker -> when its gradients are ready
