@@ -278,7 +278,7 @@ def data_parallel_bench(quick: bool = False) -> list[str]:
     from parlab.launcher import launch
     from parlab.torch import data_parallel as dp
 
-    steps = 8 if quick else 14
+    steps = 8 if quick else 12
     step, shares = {}, {}
     for n in (1, 2, 1, 2):  # interleaved, best of two: the machine's drift hits both
         res = launch(dp.train_data_parallel, n, args=("ddp", "conv_stack", 256, steps, 0.05))
@@ -417,9 +417,9 @@ def sim_bench(quick: bool = False) -> list[str]:
 
     cores = os.cpu_count() or 1
     load0 = _load()
-    steps = 8 if quick else 14
+    steps = 8 if quick else 12
     here = measure_this_machine(SIM_SIZES, batches=(32, 64, 128), fit_batches=(32, 128),
-                                steps=8 if quick else 12)
+                                steps=8 if quick else 10)
     cluster, costs, lab01 = here["cluster"], here["costs"], here["timelines"][64]
     net = sim.Network.mlp(SIM_SIZES)
     lines = [f"calibrated on one launch: lab 01's step at batches 32 and 128 (fixed part "
@@ -506,7 +506,7 @@ def sim_bench(quick: bool = False) -> list[str]:
         lines.append(_share_line(label, "fast worker's wait share", fast(pred), fast(res.timeline)))
 
     # lab 07: the hybrids of 4 ranks, sharing the cores (the model's processor sharing)
-    survey = survey_hybrid(steps=6 if quick else 8)
+    survey = survey_hybrid(steps=6 if quick else 7)
     for row in survey["rows"]:
         shape = row["shape"]
         pred = sim.hybrid(net, cluster, 64, dp=shape["dp"], tp=shape.get("tp", 1),

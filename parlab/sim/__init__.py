@@ -3,7 +3,8 @@
 Everything here is predicted from a handful of numbers about a model and a cluster, and
 labelled so wherever it is shown. Framework-free: no torch, no tensorflow. Modules:
 ``costs`` (layers and their seconds), ``engine`` (ranks' programs run on paper),
-``timelines`` (one function per strategy), ``memory``, ``clusters`` (presets with
+``timelines`` (one function per strategy; ``servers``: lab 06's; ``strategies``: by
+name), ``memory``, ``clusters`` (presets with
 their sources), ``published`` (checks against papers), ``model`` (the summary model).
 
 Inputs
@@ -57,8 +58,10 @@ from .memory import DoesNotFit, Memory, memory, memory_per_device, parameter_ser
 from .model import (AXES, Cluster, Link, Plan, Prediction, Workload, all_reduce_s, bubble,
                     calibrated, h100_nodes, measured_link, plans, predict, presets, send_s,
                     with_links)
-from .timelines import (STRATEGIES, all_gather_s, data_parallel, hybrid, manual_split,
-                        parameter_server, pipeline, single_device, tensor_parallel, timeline)
+from .servers import parameter_server
+from .strategies import STRATEGIES, timeline
+from .timelines import (all_gather_s, data_parallel, hybrid, manual_split, pipeline,
+                        single_device, tensor_parallel)
 
 __all__ = [
     "AXES", "Cluster", "Deadlock", "DoesNotFit", "Layer", "Link", "Measured", "Memory",
