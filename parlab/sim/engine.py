@@ -1,0 +1,317 @@
+"""Run every rank's program on paper: the event engine behind the predicted timelines.
+
+A program is a rank's list of operations, in the order its code runs them:
+``Compute`` (busy for some seconds), ``Send`` / ``Recv`` (point to point, matched in
+order per pair of ranks), ``Collective`` (every member of a group; blocking, or in the
+background on a lane of its own, as DDP's bucket all-reduces run) and ``Join`` (wait
+for the background ones). Each rank steps through its list as far as its peers allow;
+a rank that reaches a receive or collective before its peers WAITS, and the transfer
+starts when the last one arrives (a rendezvous), as ``trace.split_waits`` reads the
+measured timelines. If every rank is blocked before the end, the programs deadlock and
+the engine says where.
+
+``wake_s``: on an oversubscribed CPU a rank that blocked (it sleeps in the kernel)
+runs again only when the scheduler gives it a core back; a message that a rank had to
+wait for therefore ends that much later for it (counted as waiting), and so does every
+collective (its members, descheduled at random, never arrive together: one always
+blocks). On a GPU, where NCCL spins, it is 0.
+
+``cores``: simulated devices on a CPU share its cores. When more ranks compute at once
+than there are cores, each computes at cores / computing of its speed (processor
+sharing, as a fair scheduler gives), so the engine runs in time order, event by event.
+
+Consecutive compute operations with the same name become one span, enclosing the
+transfers between them, as a measured ``with span("forward"):`` encloses the
+tensor-parallel all-reduces it calls.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..trace import COMM, COMPUTE, WAIT, Span, Timeline
+
+
+@dataclass(frozen=True)
+class Compute:
+    name: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Send:
+    peer: int
+    nbytes: float
+    seconds: float
+    name: str = "send"
+    axis: str | None = None
+    blocking: bool = False       # a blocking send waits for its receive; isend does not
+
+
+@dataclass(frozen=True)
+class Recv:
+    peer: int
+    nbytes: float
+    name: str = "recv"
+    axis: str | None = None
+
+
+@dataclass(frozen=True)
+class Collective:
+    group: tuple
+    nbytes: float
+    seconds: float
+    name: str = "all-reduce"
+    axis: str | None = None
+    background: bool = False     # runs on the rank's second lane; the rank goes on
+
+
+@dataclass(frozen=True)
+class Join:
+    name: str = "wait for all-reduce"
+
+
+class Deadlock(ValueError):
+    """Every rank is blocked: the programs cannot finish."""
+
+
+class PredictedTimeline(Timeline):
+    """A Timeline drawn by the cost model, not measured: ``predicted`` is True.
+
+    ``plot.timeline`` draws it dotted and titled as a prediction. ``steps``: how many
+    training steps it holds; ``step_s``: its duration per step; ``notes``: the inputs
+    (strategy, cluster, where the per-layer costs came from).
+    """
+
+    predicted = True
+
+    def __init__(self, spans, labels=None, ranks=None, *, steps: int = 1,
+                 notes: dict | None = None):
+        super().__init__(spans, labels, ranks)
+        self.steps = steps
+        self.notes = dict(notes or {})
+
+    @property
+    def step_s(self) -> float:
+        return self.duration / max(self.steps, 1)
+
+    @property
+    def title(self) -> str:
+        what = self.notes.get("strategy", "")
+        return f"PREDICTED {what} (cost model, {self.notes.get('cluster', '')})".replace(" ()", "")
+
+    def _like(self, tl: Timeline, steps: int) -> "PredictedTimeline":
+        return PredictedTimeline(tl.spans, tl.labels, tl.ranks, steps=steps, notes=self.notes)
+
+    def window(self, start: float, end: float) -> "PredictedTimeline":
+        return self._like(super().window(start, end), 1)
+
+    def filter(self, **kw) -> "PredictedTimeline":
+        return self._like(super().filter(**kw), self.steps)
+
+
+def run(programs: list[list], labels: dict | None = None, *, steps: int = 1,
+        notes: dict | None = None, wake_s: float = 0.0, cores: int = 0) -> PredictedTimeline:
+    """Every rank's program on one clock, as a predicted timeline (see the module doc).
+
+    cores: how many processors the ranks share (0: each rank has its own, as GPUs do).
+    With fewer cores than ranks computing at once, each computes at cores / computing
+    of its speed (the operating system shares them fairly: processor sharing).
+    """
+    sim = _Engine(programs, wake_s, cores)
+    sim.run()
+    return PredictedTimeline(_merge_compute(sim.spans), labels,
+                             range(len(programs)) if labels is None else None,
+                             steps=steps, notes=notes)
+
+
+class _Engine:
+    """Runs the programs in time order, event by event.
+
+    At each moment every rank that is free starts what its next operation allows: a
+    compute (work left, done at the shared rate), a transfer (a fixed time), or nothing
+    (it waits for a peer). Then time moves to the next moment something ends.
+    """
+
+    def __init__(self, programs, wake_s: float = 0.0, cores: int = 0):
+        self.programs = programs
+        self.wake_s, self.cores = wake_s, cores
+        self.n = len(programs)
+        self.now = 0.0
+        self.pos = [0] * self.n
+        self.spans: list[Span] = []
+        self.arrived_at = [0.0] * self.n          # when the rank reached its current op
+        self.work: dict[int, tuple[float, float, str]] = {}   # computing: (start, left, name)
+        self.busy_until: dict[int, float] = {}    # in a transfer (or a wait) until
+        self.sends: dict[tuple, tuple] = {}       # (src, dst, k) -> (post time, send op)
+        self.recvs: dict[tuple, float] = {}       # (src, dst, k) -> arrival of the receive
+        self.pairs: dict[tuple, int] = {}         # (src, dst, "s" | "r") -> next k
+        self.posted: dict[tuple, int] = {}        # (rank, position) -> its number
+        self.arrived: dict[tuple, dict] = {}      # collective key -> {rank: arrival}
+        self.seq: dict[tuple, int] = {}           # (rank, group, background) -> next k
+        self.resolved: set = set()                # background collectives already run
+        self.lane_free = [0.0] * self.n           # background lane of each rank
+        self.pending: dict[int, int] = {}         # rank -> background collectives unresolved
+
+    # -- the loop
+    def run(self) -> None:
+        while True:
+            self._start_what_can_start()
+            if not self.work and not self.busy_until:
+                if any(self.pos[r] < len(self.programs[r]) for r in range(self.n)):
+                    stuck = [f"rank {r} at {self.programs[r][self.pos[r]]}" for r in range(self.n)
+                             if self.pos[r] < len(self.programs[r])]
+                    raise Deadlock("these programs deadlock: " + "; ".join(stuck))
+                return
+            self._advance()
+
+    def _rate(self) -> float:
+        computing = len(self.work)
+        return 1.0 if not self.cores or computing <= self.cores else self.cores / computing
+
+    def _advance(self) -> None:
+        rate = self._rate()
+        ends = [self.now + left / rate for _, left, _ in self.work.values()]
+        ends += list(self.busy_until.values())
+        t = max(min(ends), self.now)
+        for r, (start, left, name) in list(self.work.items()):
+            left -= (t - self.now) * rate
+            if left <= 1e-15 * max(1.0, t):
+                del self.work[r]
+                self._span(r, COMPUTE, name, start, t)
+                self._next(r, t)
+            else:
+                self.work[r] = (start, left, name)
+        for r, until in list(self.busy_until.items()):
+            if until <= t:
+                del self.busy_until[r]
+                self._next(r, t)
+        self.now = t
+
+    def _next(self, r: int, t: float) -> None:
+        self.pos[r] += 1
+        self.arrived_at[r] = t
+
+    def _start_what_can_start(self) -> None:
+        progressed = True
+        while progressed:
+            progressed = False
+            for r in range(self.n):
+                while (r not in self.work and r not in self.busy_until
+                       and self.pos[r] < len(self.programs[r])):
+                    op = self.programs[r][self.pos[r]]
+                    result = getattr(self, f"_{type(op).__name__.lower()}")(r, op)
+                    if result is None:              # blocked: try again later
+                        break
+                    progressed = True
+                    if result is True:              # done at once (a post)
+                        self._next(r, self.now)
+
+    def _span(self, rank, kind, name, start, end, nbytes=0, peer=None, axis=None):
+        if end > start or kind == COMM:
+            self.spans.append(Span(rank, kind, name, start, end, int(nbytes), peer, axis))
+
+    def _occupy(self, r: int, until: float) -> str:
+        self.busy_until[r] = until
+        return "busy"
+
+    # -- operations: None (blocked), True (done now) or "busy" (started)
+    def _compute(self, r, op: Compute):
+        if op.seconds <= 0:
+            return True
+        self.work[r] = (self.now, op.seconds, op.name)
+        return "busy"
+
+    def _number(self, r: int, counter: dict, key: tuple) -> int:
+        """The op's sequence number among its kind, taken once, on first visit."""
+        mark = (r, self.pos[r])
+        if mark not in self.posted:
+            self.posted[mark] = counter.get(key, 0)
+            counter[key] = self.posted[mark] + 1
+        return self.posted[mark]
+
+    def _send(self, r, op: Send):
+        key = (r, op.peer, self._number(r, self.pairs, (r, op.peer, "s")))
+        self.sends.setdefault(key, (self.now, op))
+        if not op.blocking:
+            return True
+        if key not in self.recvs:
+            return None
+        return self._transfer(r, op.name, max(self.arrived_at[r], self.recvs[key]), op, op.peer)
+
+    def _recv(self, r, op: Recv):
+        key = (op.peer, r, self._number(r, self.pairs, (op.peer, r, "r")))
+        self.recvs.setdefault(key, self.arrived_at[r])
+        if key not in self.sends:
+            return None
+        post, send = self.sends[key]
+        return self._transfer(r, op.name, max(post, self.arrived_at[r]), send, op.peer)
+
+    def _transfer(self, r, name, start, send: Send, peer) -> str:
+        arrived = self.arrived_at[r]
+        if start > arrived:                  # it blocked: it resumes when scheduled again
+            start += self.wake_s
+        self._span(r, WAIT, name, arrived, start, peer=peer, axis=send.axis)
+        self._span(r, COMM, name, start, start + send.seconds, send.nbytes, peer, send.axis)
+        return self._occupy(r, start + send.seconds)
+
+    def _collective(self, r, op: Collective):
+        k = self._number(r, self.seq, (r, op.group, op.background))
+        key = (op.group, op.background, k)
+        arrivals = self.arrived.setdefault(key, {})
+        if r not in arrivals:
+            arrivals[r] = self.arrived_at[r]
+            if op.background:
+                self.pending[r] = self.pending.get(r, 0) + 1
+        if op.background:
+            if len(arrivals) == len(op.group) and key not in self.resolved:
+                self.resolved.add(key)
+                self._resolve_background(op, arrivals)
+            return True
+        if len(arrivals) < len(op.group):
+            return None
+        start = self._collective_start(arrivals.values())
+        self._span(r, WAIT, op.name, arrivals[r], start, axis=op.axis)
+        self._span(r, COMM, op.name, start, start + op.seconds, op.nbytes, axis=op.axis)
+        return self._occupy(r, start + op.seconds)
+
+    def _collective_start(self, ready) -> float:
+        """When the last member is there, plus one wake-up: on a busy CPU the members never
+        arrive together (each is descheduled at random), so one always blocked."""
+        return max(ready) + self.wake_s
+
+    def _resolve_background(self, op: Collective, arrivals: dict) -> None:
+        """All members posted: the collective runs when the last has, and every lane is free."""
+        start = self._collective_start([*arrivals.values(),
+                                        *(self.lane_free[m] for m in op.group)])
+        for m in op.group:
+            lane = self.n + m
+            self._span(lane, WAIT, op.name, max(arrivals[m], self.lane_free[m]), start, axis=op.axis)
+            self._span(lane, COMM, op.name, start, start + op.seconds, op.nbytes, axis=op.axis)
+            self.lane_free[m] = start + op.seconds
+            self.pending[m] -= 1
+
+    def _join(self, r, op: Join):
+        if self.pending.get(r, 0):
+            return None
+        t = self.arrived_at[r]
+        if self.lane_free[r] <= t:
+            return True
+        self._span(r, WAIT, op.name, t, self.lane_free[r])
+        return self._occupy(r, self.lane_free[r])
+
+
+def _merge_compute(spans: list[Span]) -> list[Span]:
+    """Consecutive compute spans of one name on a rank become one enclosing span."""
+    out: list[Span] = []
+    last: dict[int, int] = {}                      # rank -> index in out of its last compute
+    for s in sorted(spans, key=lambda s: (s.rank, s.start, s.kind != COMPUTE)):
+        i = last.get(s.rank)
+        if s.kind == COMPUTE:
+            if i is not None and out[i].name == s.name:    # only transfers came between
+                prev = out[i]
+                out[i] = Span(prev.rank, COMPUTE, prev.name, prev.start, s.end)
+                continue
+            last[s.rank] = len(out)
+        out.append(s)
+    return out
+
