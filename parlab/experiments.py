@@ -444,3 +444,43 @@ def run_multi_worker(workers: int = 2, steps: int = 20, *, timeout: float = 180.
     return launch(multi_worker, workers, kwargs=dict(ports=free_ports(workers), steps=steps, **options),
                   process_group=False, timeout=timeout, env={"TF_CPP_MIN_LOG_LEVEL": "2"})
 
+
+
+# --------------------------------------------------------------------------- measured | predicted
+MEASURED_TITLE, PREDICTED_TITLE = "measured here", "PREDICTED (cost model)"
+
+
+def measured_vs_predicted(measured, predicted, *, title: str | None = None, unit: str = "ms",
+                          color_by: str = "kind", names: bool = True, share_time: bool = True):
+    """Two timelines side by side: what this machine measured (left), what the cost model
+    predicts for the same run (right, dotted), on one time scale when ``share_time``.
+
+    The legend lists every colour of both, below them. Titles say which is which.
+    """
+    from . import plot
+    plt = plot._pyplot()
+    lanes = max(len(measured.ranks), len(predicted.ranks))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(16, 0.75 * lanes + 2.6), sharex=share_time)
+    plot.timeline(measured, ax=left, unit=unit, color_by=color_by, names=names,
+                  title=MEASURED_TITLE)
+    plot.timeline(predicted, ax=right, unit=unit, color_by=color_by, names=names, predicted=True,
+                  title=PREDICTED_TITLE)
+    handles, labels = {}, []
+    for ax in (left, right):
+        legend = ax.get_legend()
+        if legend is None:
+            continue
+        for handle, text in zip(legend.legend_handles, legend.get_texts()):
+            if text.get_text() not in handles:
+                handles[text.get_text()] = handle
+                labels.append(text.get_text())
+        legend.remove()
+    if share_time:      # both drawn: the longer one sets the shared scale
+        width = max(measured.duration, predicted.duration) * {"s": 1, "ms": 1e3, "us": 1e6}[unit]
+        left.set_xlim(0, width)
+    fig.legend([handles[label] for label in labels], labels, loc="lower center",
+               ncol=min(len(labels), 7), fontsize=plot.FONT - 3, frameon=False)
+    if title:
+        fig.suptitle(title, fontsize=plot.FONT + 1)
+    fig.tight_layout(rect=(0, 0.1 if lanes > 2 else 0.14, 1, 1))
+    return plot._finish(fig)

@@ -1,5 +1,112 @@
-"""Interactive explorers for the labs (ipywidgets)."""
+"""Interactive explorers for the labs (ipywidgets).
+
+One pattern for every lab: controls (sliders, drop-downs) whose every move redraws a
+PREDICTED figure at once (the cost model, ``parlab.sim``: no process is started), and a
+button that measures the chosen setting on this machine, only when clicked, and draws it
+next to the prediction for the same setting. ``explorer`` is that pattern; the lab
+explorers below only say what to predict and how to measure.
+"""
 from __future__ import annotations
+
+STYLE = {"description_width": "initial"}
+
+
+def slider(description: str, options, value=None, width: str = "340px"):
+    """A slider over ``options`` (a range of ints: IntSlider; any list: SelectionSlider).
+
+    Labels are as wide as they need (the default 80 px cuts them short); only the
+    released position redraws.
+    """
+    import ipywidgets as w
+    layout = w.Layout(width=width)
+    if isinstance(options, range) and options.step == 1:
+        return w.IntSlider(value=options.start if value is None else value, min=options.start,
+                           max=options.stop - 1, description=description, style=STYLE,
+                           layout=layout, continuous_update=False)
+    options = list(options)
+    return w.SelectionSlider(options=options, value=options[0] if value is None else value,
+                             description=description, style=STYLE, layout=layout,
+                             continuous_update=False)
+
+
+def choice(description: str, options, value=None, width: str = "340px"):
+    """A drop-down over ``options`` (a list, or a dict label -> value)."""
+    import ipywidgets as w
+    opts = list(options.items()) if isinstance(options, dict) else list(options)
+    first = opts[0][1] if isinstance(options, dict) else opts[0]
+    return w.Dropdown(options=opts, value=first if value is None else value,
+                      description=description, style=STYLE, layout=w.Layout(width=width))
+
+
+def explorer(predict, controls: dict, *, measure=None, measure_label: str = "measure it here",
+             tooltip: str = "starts real ranks on this machine (a few seconds)", per_row: int = 3):
+    """Controls that redraw a PREDICTED figure at once; a button that measures, on click.
+
+    predict(**values) -> a PREDICTED ``Timeline`` (drawn dotted, titled as a prediction),
+        a Figure, or (either, a line of text shown above it). It must be quick: it runs
+        on every move.
+    controls: name -> widget (``slider``, ``choice`` or any ipywidget with a value); the
+        names are predict's and measure's keyword arguments.
+    measure(**values) -> (measured Timeline, PREDICTED Timeline) drawn side by side, a
+        Figure, or text; may raise ValueError to refuse a setting (its message is shown).
+        Nothing is measured unless the button is clicked.
+    """
+    import ipywidgets as w
+    from IPython.display import display
+
+    from . import plot
+    out, text = w.Output(), w.HTML()
+
+    def values():
+        return {name: c.value for name, c in controls.items()}
+
+    def show(result):
+        if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], str):
+            result, line = result
+            text.value = line
+        if hasattr(result, "spans"):      # a Timeline
+            result = plot.timeline(result, predicted=True, color_by="name",
+                                   title="PREDICTED (cost model)")
+        display(result)
+
+    def draw(*_):
+        with out:
+            out.clear_output(wait=True)
+            try:
+                show(predict(**values()))
+            except ValueError as err:
+                text.value = f"<b>not possible:</b> {err}"
+
+    def run(_):
+        with out:
+            out.clear_output(wait=True)
+            print("measuring on this machine ...")
+            try:
+                result = measure(**values())
+            except ValueError as err:
+                out.clear_output(wait=True)
+                print(f"refused: {err}")
+                return
+            out.clear_output(wait=True)
+            if isinstance(result, tuple) and len(result) == 2 and hasattr(result[0], "spans"):
+                from .experiments import measured_vs_predicted
+                result = measured_vs_predicted(*result, color_by="name")
+            if isinstance(result, str):
+                print(result)
+            else:
+                display(result)
+
+    for c in controls.values():
+        c.observe(draw, names="value")
+    widgets = list(controls.values())
+    rows = [w.HBox(widgets[i:i + per_row]) for i in range(0, len(widgets), per_row)]
+    if measure is not None:
+        button = w.Button(description=measure_label, tooltip=tooltip,
+                          layout=w.Layout(width="180px"))
+        button.on_click(run)
+        rows.append(button)
+    draw()
+    return w.VBox([*rows, text, out])
 
 
 def pipeline_explorer(cfg, forward_s: float = 1.0, backward_s: float = 2.0, transfer_s: float = 0.05):
