@@ -484,3 +484,30 @@ def measured_vs_predicted(measured, predicted, *, title: str | None = None, unit
         fig.suptitle(title, fontsize=plot.FONT + 1)
     fig.tight_layout(rect=(0, 0.1 if lanes > 2 else 0.14, 1, 1))
     return plot._finish(fig)
+
+
+# --------------------------------------------------------------------------- lab 00
+def predicted_uneven_all_reduce(compute_s, nbytes: float, link, *, steps: int = 1,
+                                overhead_s: float = 0.0):
+    """PREDICTED timeline of lab 00's first collective: rank r computes ``compute_s[r]``
+    seconds, then every rank joins one ring all-reduce of ``nbytes`` (``sim.all_reduce_s``
+    on ``link``, plus ``overhead_s`` per call), ``steps`` times.
+
+    A rank waits in the all-reduce from its arrival until the last rank arrives (the
+    slowest sets the pace); then the data moves for everyone at once. The cost model
+    knows nothing of cores: every rank computes at full speed, all at the same time.
+    """
+    from . import sim
+    from .trace import COMM, COMPUTE, WAIT, Span, Timeline
+    n = len(compute_s)
+    transfer = sim.all_reduce_s(nbytes, n, link) + overhead_s
+    spans, t = [], 0.0
+    for _ in range(steps):
+        last = t + max(compute_s)
+        for r, c in enumerate(compute_s):
+            spans.append(Span(r, COMPUTE, "compute", t, t + c))
+            if t + c < last:
+                spans.append(Span(r, WAIT, "all_reduce", t + c, last))
+            spans.append(Span(r, COMM, "all_reduce", last, last + transfer, int(nbytes)))
+        t = last + transfer
+    return Timeline(spans, {r: f"rank {r}" for r in range(n)})
