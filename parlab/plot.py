@@ -176,13 +176,14 @@ def _bar_label(ax, x0: float, x1: float, y: float, text: str, background: str,
 
 
 def timeline(tl: Timeline, *, title: str | None = None, ax=None, names: bool = True,
-             unit: str = "ms", predicted: bool = False, color_by: str = "kind",
+             unit: str = "ms", predicted: bool | None = None, color_by: str = "kind",
              order: Sequence[str] = (), legend: bool = True):
     """Draw one lane per device; bars coloured by kind, idle time in light grey.
 
     names: write span names on the bars they fit in (the others stay unlabelled).
     predicted: label the figure as a prediction (cost model), not a measurement; its
-        bars are dotted.
+        bars are dotted. Default: the timeline's own ``predicted`` flag (``parlab.sim``'s
+        timelines carry it), so a prediction is never drawn as a measurement.
     color_by: "kind" (compute / transfer / wait) or "name" (one colour per phase:
         forward, backward, update, ...; trailing digits are ignored, so F0, F1, ... share
         a colour; transfer, wait and idle keep their kind's colour). Known phases have
@@ -199,6 +200,8 @@ def timeline(tl: Timeline, *, title: str | None = None, ax=None, names: bool = T
     """
     if color_by not in ("kind", "name", "axis", "index"):
         raise ValueError(f"color_by must be 'kind', 'name', 'axis' or 'index', got {color_by!r}")
+    if predicted is None:
+        predicted = getattr(tl, "predicted", False)
     plt = _pyplot()
     scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
     own = ax is None

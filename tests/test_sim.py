@@ -120,9 +120,251 @@ def test_calibration_recovers_known_costs():
 def test_sim_is_framework_free():
     import ast
     from pathlib import Path
-    tree = ast.parse(Path(sim.__file__).read_text())
-    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    names = set()
+    for path in Path(sim.__file__).parent.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert not {m for m in names if m.split(".")[0] in ("torch", "tensorflow", "keras")}
     assert math.isfinite(sim.predict(sim.presets()["GPT-2 XL (1.5 B)"], sim.h100_nodes(1),
                                      sim.Plan(dp=8), 512).step_s)
+
+
+# ------------------------------------------------------------------ predicted timelines
+from parlab.trace import COMM, COMPUTE  # noqa: E402
+
+FREE = sim.Link(0.0, float("inf"))
+
+
+def _even(layers=8, width=64):
+    """``layers`` identical layers, each F 1 ms and B 2 ms at any batch (no fixed part)."""
+    net = sim.Network.mlp((width,) * (layers + 1))
+    costs = sim.Measured(forward=(1e-3,) * layers, backward=(2e-3,) * layers, update=0.0,
+                         batch=64, params=net.params)
+    return net, costs
+
+
+def _free_cluster(devices=16, **kw):
+    return _cluster(devices=devices, intra=FREE, inter=FREE, **kw)
+
+
+def _idle_share(tl):
+    """Share of the ranks' time not computing: the pipeline bubble (wait + idle)."""
+    return 1 - tl.summary().mean("compute")
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m", [(2, 1), (2, 4), (4, 8), (4, 16)])
+def test_a_predicted_pipeline_idles_the_bubble_formula(schedule, p, m):
+    net, costs = _even(8)
+    tl = sim.pipeline(net, _free_cluster(), 64 * m, stages=p, micro_batches=m,
+                      schedule=schedule, costs=costs)
+    assert _idle_share(tl) == pytest.approx((p - 1) / (m + p - 1), abs=1e-9)
+    assert tl.step_s == pytest.approx((m + p - 1) * 3e-3 * 8 / p)
+
+
+def test_interleaving_shrinks_the_bubble_by_the_chunks():
+    net, costs = _even(8)
+    plain = sim.pipeline(net, _free_cluster(), 64 * 8, stages=4, micro_batches=8, costs=costs)
+    inter = sim.pipeline(net, _free_cluster(), 64 * 8, stages=4, micro_batches=8, costs=costs,
+                         schedule="interleaved", chunks=2)
+    # Narayanan et al., 2021, section 2.2: bubble time (p - 1) / v slots of the whole model
+    slot = 3e-3 * 8 / 4
+    assert inter.step_s == pytest.approx(8 * slot + 3 * slot / 2)
+    assert plain.step_s == pytest.approx(8 * slot + 3 * slot)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_data_parallel_all_reduce_is_the_ring_closed_form(n):
+    net = sim.Network.mlp((64, 256, 10))
+    c = _cluster(devices=8, devices_per_node=8)           # one node: the fast link
+    tl = sim.data_parallel(net, c, 64 * n, devices=n, overlap=False)
+    size = 4 * net.params
+    comm = [s for s in tl if s.kind == COMM and s.rank == 0]
+    assert len(comm) == 1 and comm[0].bytes == size
+    want = 2 * (n - 1) / n * size / LINK.bandwidth_Bps + 2 * (n - 1) * LINK.latency_s
+    assert comm[0].duration == pytest.approx(want, rel=1e-9)
+
+
+def test_overlapping_buckets_hide_the_all_reduce_behind_the_backward():
+    net = sim.Network.mlp((256, 1024, 1024, 1024, 10))
+    c = _cluster(devices=8, intra=sim.Link(1e-5, 1e8))
+    after = sim.data_parallel(net, c, 256, devices=4, buckets=3, overlap=False)
+    hidden = sim.data_parallel(net, c, 256, devices=4, buckets=3, overlap=True)
+    one = sim.data_parallel(net, c, 256, devices=4, buckets=1, overlap=True)
+    compute = sum(s.duration for s in after if s.rank == 0 and s.kind == COMPUTE)
+    assert compute < hidden.step_s < one.step_s <= after.step_s + 1e-12
+    assert len(hidden.ranks) == 8                 # 4 main lanes, 4 bucket lanes
+    assert hidden.labels[4] == "rank 0 buckets (predicted)"
+
+
+def test_tensor_parallel_moves_what_the_course_formula_says():
+    pytest.importorskip("torch")
+    from parlab.torch import tensor_parallel as tp
+    sizes = (64, 256, 256, 128, 10)
+    net = sim.Network.mlp(sizes)
+    for scheme in ("naive", "column_row"):
+        tl = sim.tensor_parallel(net, _cluster(), 64, devices=2, scheme=scheme)
+        assert tl.comm_bytes(0) == tp.expected_comm_bytes(sizes, 64, 2, scheme)["total"]
+    naive = sim.tensor_parallel(net, _cluster(), 64, devices=2, scheme="naive")
+    paired = sim.tensor_parallel(net, _cluster(), 64, devices=2)
+    assert naive.step_s > paired.step_s
+
+
+STRATEGY_CASES = [
+    ("single_device", {}, 1), ("manual_split", {"devices": 2}, 2),
+    ("tensor_parallel", {"devices": 2, "scheme": "naive"}, 2),
+    ("tensor_parallel", {"devices": 4}, 4),
+    ("pipeline", {"stages": 2, "micro_batches": 4, "schedule": "gpipe"}, 2),
+    ("pipeline", {"stages": 2, "micro_batches": 4, "schedule": "1f1b"}, 2),
+    ("pipeline", {"stages": 2, "micro_batches": 4, "schedule": "interleaved"}, 2),
+    ("data_parallel", {"devices": 2, "buckets": 2}, 4),
+    ("data_parallel", {"devices": 4, "buckets": "per_tensor", "overlap": False}, 4),
+    ("parameter_server", {"workers": 2, "mode": "sync", "slow": {2: 3}}, 3),
+    ("parameter_server", {"workers": 2, "mode": "async", "slow": {2: 3}}, 3),
+    ("hybrid", {"dp": 2, "tp": 2}, 4), ("hybrid", {"dp": 2, "pp": 2}, 4),
+]
+
+
+@pytest.mark.parametrize("name,options,lanes", STRATEGY_CASES,
+                         ids=[f"{n}-{i}" for i, (n, _, _) in enumerate(STRATEGY_CASES)])
+def test_every_strategy_predicts_a_labelled_timeline_without_overlapping_compute(name, options,
+                                                                                lanes):
+    net = sim.Network.mlp((64, 256, 256, 128, 10))
+    tl = sim.timeline(name, net, _cluster(), 64, steps=2, **options)
+    assert isinstance(tl, sim.PredictedTimeline) and tl.predicted
+    assert "PREDICTED" in tl.title and all("predicted" in tl.labels[r] for r in tl.ranks)
+    assert len(tl.ranks) == lanes and tl.steps == 2 and tl.step_s > 0
+    for r in tl.ranks:
+        compute = sorted((s.start, s.end) for s in tl if s.rank == r and s.kind == COMPUTE)
+        assert all(a[1] <= b[0] + 1e-15 for a, b in zip(compute, compute[1:])), r
+    assert {s.kind for s in tl} <= {"compute", "comm", "wait"}
+    assert tl.window(tl.start, tl.end).predicted      # views stay predictions
+
+
+def test_a_slow_worker_holds_up_sync_but_not_async():
+    net = sim.Network.mlp((64, 256, 256, 128, 10))
+    kw = dict(workers=2, slow={2: 3}, steps=6)
+    c = _cluster(flops=1e9)                   # compute, not the server's links, dominates
+    sync = sim.parameter_server(net, c, 64, mode="sync", **kw)
+    asyn = sim.parameter_server(net, c, 64, mode="async", **kw)
+    assert sync.summary()[1]["wait_share"] > 0.5          # the fast worker waits
+    assert asyn.summary()[1]["wait_share"] < 0.1
+    # the same number of gradients applied: async finishes sooner
+    assert asyn.duration < sync.duration
+
+
+def test_plot_draws_a_prediction_as_one():
+    pytest.importorskip("matplotlib")
+    import matplotlib
+    matplotlib.use("Agg")
+    from parlab import plot
+    fig = plot.timeline(sim.single_device(sim.Network.mlp((8, 8)), _cluster(), 8))
+    assert "predicted" in fig.axes[0].get_title()
+
+
+# ------------------------------------------------------------------ costs
+def test_measured_costs_from_two_timelines_recover_the_fixed_part():
+    from parlab.trace import Span, Timeline
+    net = sim.Network.mlp((64, 256, 10))          # 2 layers, FLOPs 32768 : 5120
+
+    def tl(fwd, bwd):
+        spans, t = [], 0.0
+        for _ in range(3):
+            for name, d in (("forward", fwd), ("backward", bwd), ("update", 1e-4)):
+                spans.append(Span(0, COMPUTE, name, t, t + d))
+                t += d
+        return Timeline(spans)
+    fixed = 1e-4                                   # per layer and pass
+    per = {16: (2 * fixed + 16e-5, 2 * fixed + 32e-5), 64: (2 * fixed + 64e-5, 2 * fixed + 128e-5)}
+    m = sim.Measured.from_timeline({b: tl(*per[b]) for b in per}, net)
+    assert m.fixed_s == pytest.approx(fixed)
+    assert sum(m.forward_s(i, 64) for i in range(2)) == pytest.approx(per[64][0])
+    assert sum(m.backward_s(i, 16) for i in range(2)) == pytest.approx(per[16][1])
+    # tensor parallel halves the part that grows with the batch, not the fixed part
+    assert m.forward_s(0, 64, shard=2) == pytest.approx(fixed + (m.forward[0] - fixed) / 2)
+
+
+def test_the_roofline_takes_the_slower_of_compute_and_memory():
+    net = sim.Network.mlp((1024, 1024))
+    fast_memory = _cluster(memory_bandwidth_Bps=1e15)
+    slow_memory = _cluster(memory_bandwidth_Bps=1e6)
+    r = sim.Roofline(net, fast_memory)
+    assert r.forward_s(0, 10) == pytest.approx(2 * 1024 * 1024 * 10 / 1e12, rel=1e-3)
+    assert sim.Roofline(net, slow_memory).forward_s(0, 10) > 1.0    # 4 MB of weights at 1 MB/s
+    assert r.backward_s(0, 10) == pytest.approx(2 * r.forward_s(0, 10))
+
+
+# ------------------------------------------------------------------ memory
+def test_adam_in_mixed_precision_keeps_16_bytes_per_parameter_without_zero():
+    net = sim.Network.transformer("tiny", 4, 256, 4, 64, vocab=1000)
+    mem = sim.memory(net, 8, dp=4)
+    assert mem.states == pytest.approx(16 * net.params)
+    assert (mem.params, mem.grads, mem.optimizer) == (2 * net.params, 2 * net.params,
+                                                      12 * net.params)
+    assert sim.memory(sim.Network.mlp((8, 8)), 8).states == 8 * 72       # SGD fp32: 4 + 4
+
+
+def test_memory_falls_with_stages_and_tensor_parallel_and_1f1b_keeps_fewer_micro_batches():
+    from parlab.schedules import one_f_one_b, peak_in_flight
+    net, _ = _even(8, 256)
+    one = sim.memory(net, 64)
+    tp = sim.memory(net, 64, tp=4)
+    assert tp.states == pytest.approx(one.states / 4) and tp.activations == pytest.approx(
+        one.activations / 4)
+    gp = sim.memory_per_device(net, 64, pp=4, micro_batches=8, schedule="gpipe")
+    fb = sim.memory_per_device(net, 64, pp=4, micro_batches=8, schedule="1f1b")
+    per_mb = gp[0].activations / 8
+    assert [m.activations / per_mb for m in fb] == pytest.approx(peak_in_flight(one_f_one_b(4, 8)))
+    assert gp[0].states == pytest.approx(one.states / 4)
+
+
+def test_a_model_that_does_not_fit_says_what_to_change():
+    net = sim.Network.transformer("GPT-2 XL", 48, 1600, 25, 1024, vocab=50257)
+    mem = sim.memory(net, 8, cluster=sim.t4_pcie())
+    assert not mem.fits
+    with pytest.raises(sim.DoesNotFit, match="tensor parallel.*ZeRO"):
+        mem.check()
+    assert sim.memory(sim.Network.mlp((64, 256, 10)), 64, cluster=sim.t4_pcie()).check().fits
+
+
+# ------------------------------------------------------------------ published figures
+def test_the_model_reproduces_published_figures_within_15_percent():
+    from parlab.sim import published
+    found = published.checks()
+    names = " ".join(c.name for c in found)
+    assert "GPipe" in names and "Megatron" in names and "nccl-tests" in names
+    for c in found:
+        assert c.within, str(c)
+        assert str(c).startswith(f"sim vs published: {c.name} predicted")
+
+
+# ------------------------------------------------------------------ bad inputs
+@pytest.mark.parametrize("call,match", [
+    (lambda n, c: sim.data_parallel(n, c, 64, devices=3), "does not split into 3"),
+    (lambda n, c: sim.data_parallel(n, c, 64, devices=0), "devices must be a whole number >= 1"),
+    (lambda n, c: sim.tensor_parallel(n, c, 64, devices=2.0), "whole number"),
+    (lambda n, c: sim.pipeline(n, c, 64, stages=True), "whole number"),
+    (lambda n, c: sim.pipeline(n, c, 64, stages=2, micro_batches=3), "does not split into 3"),
+    (lambda n, c: sim.pipeline(n, c, 64, stages=8), "8 stages need at least 8 layers"),
+    (lambda n, c: sim.pipeline(n, c, 64, stages=2, micro_batches=3, schedule="interleaved"),
+     "does not split|multiple of 2"),
+    (lambda n, c: sim.pipeline(n, c, 60, stages=4, micro_batches=6, schedule="interleaved",
+                               chunks=1), "chunks >= 2|4 layers"),
+    (lambda n, c: sim.manual_split(n, c, 64, devices=2, bounds=[4]), "must rise strictly"),
+    (lambda n, c: sim.hybrid(n, c, 64, dp=8, tp=4), "needs 32 devices"),
+    (lambda n, c: sim.tensor_parallel(n, c, 64, scheme="rows"), "scheme must be one of"),
+    (lambda n, c: sim.parameter_server(n, c, 64, slow={0: 3}), "keys must be worker ranks"),
+    (lambda n, c: sim.timeline("zero", n, c, 64), "strategy must be one of"),
+    (lambda n, c: sim.memory(n, 64, dp=2.5), "whole number"),
+])
+def test_bad_inputs_are_clear_errors(call, match):
+    with pytest.raises(ValueError, match=match):
+        call(sim.Network.mlp((64, 256, 256, 128, 10)), _cluster())
+
+
+def test_programs_that_deadlock_are_refused_with_where_they_stuck():
+    from parlab.sim import engine
+    progs = [[engine.Recv(1, 4)], [engine.Recv(0, 4)]]
+    with pytest.raises(sim.Deadlock, match="rank 0 at Recv"):
+        engine.run(progs)

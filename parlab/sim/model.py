@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from .metrics import fit_link, pipeline_bubble
+from ..metrics import fit_link, pipeline_bubble
 
 AXES = ("dp", "pp", "tp")      # the default order: tensor parallel innermost (fastest)
 
@@ -78,6 +78,7 @@ class Cluster:
     intra: Link                     # between devices of one node
     inter: Link                     # between nodes
     collective_overhead_s: float = 0.0   # software cost of one collective call
+    memory_bandwidth_Bps: float = math.inf   # sustained, per device: the roofline's slope
 
     def link(self, group_span: int) -> Link:
         """The link a group uses when it spans ``group_span`` consecutive devices."""

@@ -1,0 +1,162 @@
+"""Memory per device for each strategy, without ZeRO: does it fit?
+
+A device holds, for the parameters it owns, their weights, gradients and optimizer
+state (``Network.state``: 4 + 4 + 0 bytes for SGD in float32; 2 + 2 + 12 = 16 bytes for
+Adam in mixed precision, Rajbhandari et al., ZeRO, 2020, section 3.1), plus the
+activations its layers keep for the backward pass, for every micro-batch in flight:
+
+* one device, data parallel: the replica's whole batch (batch / dp);
+* tensor parallel: the layers' parameters and activations divided by tp (an unpaired
+  last layer of column-then-row stays whole);
+* pipelines: a stage's layers only; GPipe keeps all m micro-batches, 1F1B at most
+  p - s on stage s (``schedules.peak_in_flight``), interleaved 1F1B what its schedule
+  holds at its peak.
+
+Sharding the states over data parallel (ZeRO 1-3, FSDP) is lab 08's subject and is not
+modelled here. ``Memory.check()`` raises ``DoesNotFit`` saying what to change.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .costs import Network, Roofline
+from .timelines import _divides, _Mesh, _schedule, _Stage, _stage_layers, _whole
+
+GB = 1e9
+
+
+class DoesNotFit(ValueError):
+    """The busiest device needs more memory than it has."""
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes on one device (PREDICTED): its share of the states, and its activations."""
+
+    device: str
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    capacity: float = float("inf")
+
+    @property
+    def states(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+    @property
+    def total(self) -> float:
+        return self.states + self.activations
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.capacity
+
+    def parts(self) -> dict:
+        """{"parameters", "gradients", "optimizer state", "activations"} in bytes (for plots)."""
+        return {"parameters": self.params, "gradients": self.grads,
+                "optimizer state": self.optimizer, "activations": self.activations}
+
+    def __str__(self) -> str:
+        cap = "" if self.capacity == float("inf") else f" of {self.capacity / GB:.1f} GB"
+        return (f"{self.device}: {self.total / GB:.2f} GB{cap} (parameters "
+                f"{self.params / GB:.2f}, gradients {self.grads / GB:.2f}, optimizer "
+                f"{self.optimizer / GB:.2f}, activations {self.activations / GB:.2f}) "
+                f"{'fits' if self.fits else 'DOES NOT FIT'}")
+
+    def check(self) -> "Memory":
+        """Return self if it fits; else raise ``DoesNotFit`` naming what to change."""
+        if not self.fits:
+            raise DoesNotFit(
+                f"{self}: needs {(self.total - self.capacity) / GB:.2f} GB more. Split the "
+                "states over more devices (tensor parallel, more pipeline stages), keep "
+                "fewer activations (smaller micro-batches, 1F1B instead of GPipe, "
+                "activation checkpointing), or shard the states (ZeRO / FSDP, lab 08)")
+        return self
+
+
+def memory_per_device(net: Network, batch: int, *, dp: int = 1, tp: int = 1, pp: int = 1,
+                      micro_batches: int = 1, schedule: str = "1f1b", chunks: int = 1,
+                      scheme: str = "column_row", bounds=None, cluster=None,
+                      costs=None) -> list[Memory]:
+    """Memory of each pipeline stage's device (every dp replica and tp rank alike).
+
+    cluster: its ``memory_bytes`` is the capacity (and, with no ``costs``, its rates
+    balance the stages as the timelines do); without one, stages are balanced by FLOPs.
+    """
+    batch, dp, tp, pp = (_whole(batch, "batch"), _whole(dp, "dp"), _whole(tp, "tp"),
+                         _whole(pp, "pp"))
+    m = _whole(micro_batches, "micro_batches")
+    chunks = _whole(chunks, "chunks")
+    mb = _divides(_divides(batch, dp, "data-parallel replicas"), m, "micro-batches")
+    capacity = cluster.memory_bytes if cluster is not None else float("inf")
+    if costs is None:
+        costs = Roofline(net, cluster) if cluster is not None else _FlopCosts(net)
+    mesh = _Mesh(_Unbounded(), dp, pp, tp) if cluster is None else _Mesh(cluster, dp, pp, tp)
+    cuts = _stage_layers(net, costs, pp * chunks, bounds, mb)
+    ops = _schedule(schedule, pp, m, chunks) if pp > 1 else [[("F", 0, 0), ("B", 0, 0)]]
+    out = []
+    for s in range(pp):
+        parts = [_Stage(net, costs, cuts[c * pp + s], mesh, scheme) for c in range(chunks)]
+        params = sum(p.params() for p in parts)
+        per_chunk = [sum(net.layers[i].saved_elems / p._sliced(i) for i in p.layers)
+                     * mb * net.act_bytes for p in parts]
+        acts = _peak_activations(ops[s], per_chunk)
+        st = net.state
+        out.append(Memory(f"stage {s}" if pp > 1 else "each device", params * st["params"],
+                          params * st["grads"], params * st["optimizer"], acts, capacity))
+    return out
+
+
+def memory(net: Network, batch: int, **plan) -> Memory:
+    """The busiest device's memory (see ``memory_per_device`` for the arguments)."""
+    return max(memory_per_device(net, batch, **plan), key=lambda mem: mem.total)
+
+
+def _peak_activations(ops, per_chunk) -> float:
+    """Most activation bytes held at once: F adds its chunk's, B frees them."""
+    live = peak = 0.0
+    for kind, _, chunk in ops:
+        live += per_chunk[chunk] if kind == "F" else -per_chunk[chunk]
+        peak = max(peak, live)
+    return peak
+
+
+def parameter_server_memory(net: Network, batch: int, *, workers: int = 2, servers: int = 1,
+                            cluster=None) -> dict[str, Memory]:
+    """A server keeps its shard's weights, a gradient buffer and the optimizer state; a
+    worker keeps a whole copy of the weights, its gradients and its batch's activations."""
+    workers, servers = _whole(workers, "workers"), _whole(servers, "servers")
+    per = _divides(_whole(batch, "batch"), workers, "workers")
+    capacity = cluster.memory_bytes if cluster is not None else float("inf")
+    p, st = net.params, net.state
+    shard = p / servers
+    acts = sum(layer.saved_elems for layer in net.layers) * per * net.act_bytes
+    return {"server": Memory("server", shard * st["params"], shard * st["grads"],
+                             shard * st["optimizer"], 0.0, capacity),
+            "worker": Memory("worker", p * st["params"], p * st["grads"], 0.0, acts, capacity)}
+
+
+class _FlopCosts:
+    """Stage balance by FLOPs alone, when no cluster is given."""
+
+    def __init__(self, net: Network):
+        self.net = net
+
+    def forward_s(self, i, batch, shard=1):
+        return self.net.layers[i].flops * batch / shard
+
+    def backward_s(self, i, batch, shard=1):
+        return 2 * self.forward_s(i, batch, shard)
+
+
+class _Unbounded:
+    """A cluster with as many devices as asked for (memory alone needs no links)."""
+
+    name = "any cluster"
+    devices = float("inf")
+    collective_overhead_s = 0.0
+
+    def link(self, span):
+        return None
+

@@ -1,0 +1,598 @@
+"""Predicted timelines for every strategy of the course, in the measured Timeline type.
+
+Each function writes what every rank's code does in a training step (see ``engine``),
+with the seconds of the cost model, and runs it on paper. The result is a
+``PredictedTimeline``: the same spans (compute, transfer, wait) and the same span
+names as the measured runs ("forward", "backward", "update"; "F3"/"B3" in pipelines),
+so ``plot.timeline`` and ``Timeline.summary()`` work on both, and a prediction sits
+beside its measurement. Every one takes:
+
+    net      a ``Network`` (``Network.mlp(sizes)``, ``Network.transformer(...)``)
+    cluster  a ``Cluster`` (its links, and its rates when ``costs`` is not given)
+    batch    the global batch of one step (samples, or sequences)
+    steps    how many identical steps to run (default 1)
+    costs    where the seconds of a layer's pass come from: ``Roofline(net, cluster)``
+             (the default) or ``Measured`` (e.g. ``Measured.from_timeline``)
+
+Strategies (``timeline(name, ...)`` dispatches by name, see ``STRATEGIES``):
+
+    single_device(net, cluster, batch)
+    manual_split(net, cluster, batch, devices=2, bounds=None)       lab 02
+    tensor_parallel(net, cluster, batch, devices=2, scheme="column_row" | "naive")   lab 03
+    pipeline(net, cluster, batch, stages=2, micro_batches=4,
+             schedule="gpipe" | "1f1b" | "interleaved", chunks=2)  lab 04
+    data_parallel(net, cluster, batch, devices=2, buckets=1, overlap=True)   lab 05
+    parameter_server(net, cluster, batch, workers=2, mode="sync" | "async",
+                     slow={worker: factor})                          lab 06
+    hybrid(net, cluster, batch, dp=2, tp=1, pp=1, micro_batches=4)   lab 07
+
+Ranks are laid out as in ``parlab.grid`` (dp outermost, then pp, then tp fastest), and
+each axis uses the cluster's fast link when its groups fit in one node.
+"""
+from __future__ import annotations
+
+from ..errors import whole_number
+from ..schedules import check as check_schedule
+from ..schedules import gpipe, one_f_one_b
+from ..splitting import balance, check_bounds
+from .costs import Network, Roofline
+from .engine import Collective, Compute, Join, PredictedTimeline, Recv, Send, run
+from .model import Cluster, all_reduce_s, send_s
+from ..trace import COMM, COMPUTE, WAIT, Span
+
+SCHEMES = ("column_row", "naive")
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+
+
+# ------------------------------------------------------------------ checks
+def _whole(value, what: str, *, least: int = 1) -> int:
+    n = whole_number(value)
+    if n is None or n < least:
+        raise ValueError(f"{what} must be a whole number >= {least}, got {value!r}")
+    return n
+
+
+def _divides(batch: int, parts: int, what: str) -> int:
+    if batch % parts:
+        raise ValueError(f"a batch of {batch} does not split into {parts} {what}: use a "
+                         f"multiple of {parts} (e.g. {parts * max(batch // parts, 1)})")
+    return batch // parts
+
+
+# ------------------------------------------------------------------ collectives' seconds
+def all_gather_s(nbytes: float, n: int, link, overhead: float = 0.0) -> float:
+    """Ring all-gather of S bytes in all (S/n from each rank): (n-1) alpha + (n-1)/n S/beta."""
+    if n == 1:
+        return 0.0
+    return (n - 1) * link.latency_s + (n - 1) / n * nbytes / link.bandwidth_Bps + overhead
+
+
+def _all_reduce(nbytes, n, link, overhead) -> float:
+    return 0.0 if n == 1 else all_reduce_s(nbytes, n, link) + overhead
+
+
+# ------------------------------------------------------------------ the mesh
+class _Mesh:
+    """dp × pp × tp ranks, tp fastest (``parlab.grid``'s order), and each axis's link."""
+
+    def __init__(self, cluster: Cluster, dp: int, pp: int, tp: int):
+        self.dp, self.pp, self.tp = dp, pp, tp
+        self.size = dp * pp * tp
+        if self.size > cluster.devices:
+            raise ValueError(f"{dp} × {pp} × {tp} (dp × pp × tp) needs {self.size} devices; "
+                             f"{cluster.name} has {cluster.devices}: use a cluster with more "
+                             "devices or a smaller mesh")
+        span = {"tp": tp, "pp": pp * tp, "dp": self.size}
+        self.link = {a: cluster.link(span[a]) for a in span}
+        self.overhead = cluster.collective_overhead_s
+
+    def rank(self, d: int, s: int, t: int) -> int:
+        return (d * self.pp + s) * self.tp + t
+
+    def tp_group(self, d, s) -> tuple:
+        return tuple(self.rank(d, s, t) for t in range(self.tp))
+
+    def dp_group(self, s, t) -> tuple:
+        return tuple(self.rank(d, s, t) for d in range(self.dp))
+
+
+# ------------------------------------------------------------------ one stage's passes
+class _Stage:
+    """The layers one rank runs (a pipeline stage, sliced over tp), and their transfers."""
+
+    def __init__(self, net: Network, costs, layers: range, mesh: _Mesh, scheme: str):
+        self.net, self.costs, self.layers, self.mesh, self.scheme = net, costs, layers, mesh, scheme
+
+    def _sliced(self, i: int) -> int:
+        """tp degree layer i is sliced by: an unpaired last layer stays whole (column_row)."""
+        tp = self.mesh.tp
+        if tp == 1 or self.scheme == "naive" or self.net.layers[i].tp_all_reduces:
+            return tp
+        k = i - self.layers.start
+        return tp if (k % 2 == 1 or k + 1 < len(self.layers)) else 1
+
+    def _tp(self, group, nbytes, seconds, name) -> Collective:
+        return Collective(group, nbytes, seconds, name, "tp")
+
+    def forward(self, name: str, batch: float, group: tuple) -> list:
+        ops, m, ab = [], self.mesh, self.net.act_bytes
+        for k, i in enumerate(self.layers):
+            out = self.net.layers[i].out_elems * batch * ab
+            blocks = self.net.layers[i].tp_all_reduces
+            if m.tp > 1 and blocks:         # a Megatron block: compute, all-reduce, twice
+                ops += self._block(name, self.costs.forward_s(i, batch, m.tp), out, blocks, group)
+                continue
+            ops.append(Compute(name, self.costs.forward_s(i, batch, self._sliced(i))))
+            if m.tp == 1:
+                continue
+            if self.scheme == "naive":      # every layer's slices gathered whole
+                ops.append(self._tp(group, out / m.tp, all_gather_s(out, m.tp, m.link["tp"],
+                                                                     m.overhead), "all-gather"))
+            elif k % 2 == 1:                 # a row-parallel layer: add the partial outputs
+                ops.append(self._tp(group, out, _all_reduce(out, m.tp, m.link["tp"], m.overhead),
+                                    "all-reduce"))
+        return ops
+
+    def backward(self, name: str, batch: float, group: tuple) -> list:
+        ops, m, ab = [], self.mesh, self.net.act_bytes
+        for k in reversed(range(len(self.layers))):
+            i = self.layers[k]
+            grad_in = (self.net.in_elems if i == 0 else self.net.layers[i - 1].out_elems) * batch * ab
+            blocks = self.net.layers[i].tp_all_reduces
+            if m.tp > 1 and blocks:          # (the input data needs no gradient)
+                ops += self._block(name, self.costs.backward_s(i, batch, m.tp), grad_in,
+                                   blocks if i > 0 else 0, group)
+                continue
+            ops.append(Compute(name, self.costs.backward_s(i, batch, self._sliced(i))))
+            # dL/dx of a column-parallel layer is a sum over the ranks; the input data
+            # needs none (the first layer of the network)
+            column = self.scheme == "naive" or (k % 2 == 0 and self._sliced(i) > 1)
+            if m.tp > 1 and column and i > 0:
+                ops.append(self._tp(group, grad_in,
+                                    _all_reduce(grad_in, m.tp, m.link["tp"], m.overhead),
+                                    "all-reduce"))
+        return ops
+
+    def _block(self, name, seconds, nbytes, all_reduces, group) -> list:
+        """A block's pass cut in ``all_reduces`` equal parts, each ending in one."""
+        m, ops = self.mesh, []
+        if all_reduces == 0:
+            return [Compute(name, seconds)]
+        for _ in range(all_reduces):
+            ops.append(Compute(name, seconds / all_reduces))
+            ops.append(self._tp(group, nbytes, _all_reduce(nbytes, m.tp, m.link["tp"], m.overhead),
+                                "all-reduce"))
+        return ops
+
+    def params(self) -> float:
+        return sum(self.net.layers[i].params / self._sliced(i) for i in self.layers)
+
+
+# ------------------------------------------------------------------ data parallel gradients
+def _buckets(net: Network, layers: range, shard_params, buckets) -> list[tuple[int, float]]:
+    """(layer after whose backward the bucket is ready, its bytes), in backward order.
+
+    buckets: a number (layers grouped, last first, into about equal bytes, as DDP's
+    ``bucket_cap_mb`` does) or "per_tensor" (weight and bias of each layer apart, as
+    lab 05's ``average_gradients`` sends them).
+    """
+    order = list(reversed(layers))
+    wire = net.grad_wire_bytes
+    if buckets == "per_tensor":
+        out = []
+        for i in order:
+            bias = net.layers[i].out_elems if net.layers[i].params > net.layers[i].out_elems else 0
+            out += [(i, (shard_params(i) - bias) * wire), (i, bias * wire)]
+        return [b for b in out if b[1] > 0]
+    n = _whole(buckets, "buckets")
+    if n > len(order):
+        raise ValueError(f"buckets={n}: at most one bucket per layer ({len(order)} here)")
+    sizes = [shard_params(i) * wire for i in order]
+    total, out, closed, cum = sum(sizes), [], 0.0, 0.0
+    for j, (i, size) in enumerate(zip(order, sizes)):
+        cum += size
+        need, rest = n - len(out), len(order) - j - 1
+        if rest == 0 or (need > 1 and (cum >= total * (len(out) + 1) / n or rest == need - 1)):
+            out.append((i, cum - closed))          # ready once layer i's backward is done
+            closed = cum
+    return out
+
+
+# ------------------------------------------------------------------ the programs
+def _programs(net, cluster, costs, batch, *, dp=1, tp=1, pp=1, micro_batches=1,
+              schedule="gpipe", scheme="column_row", bounds=None, buckets=1, overlap=True,
+              chunks=1, steps=1, blocking=False, phase_names=None):
+    mesh = _Mesh(cluster, dp, pp, tp)
+    replica = _divides(batch, dp, "data-parallel replicas")
+    mb = _divides(replica, micro_batches, "micro-batches")
+    stages = pp * chunks
+    cuts = _stage_layers(net, costs, stages, bounds, mb)
+    progs = [[] for _ in range(mesh.size)]
+    ops_of = _schedule(schedule, pp, micro_batches, chunks)
+    named = phase_names or (("forward", "backward") if micro_batches == 1 else None)
+    for _ in range(steps):
+        for d in range(dp):
+            for s in range(pp):
+                for t in range(tp):
+                    r = mesh.rank(d, s, t)
+                    group = mesh.tp_group(d, s)
+                    parts = [_Stage(net, costs, cuts[c * pp + s], mesh, scheme) for c in range(chunks)]
+                    for kind, i, c in ops_of[s]:
+                        progs[r] += _pipeline_op(kind, i, c, s, parts[c], mesh, d, t, pp, chunks,
+                                                 mb, named, blocking)
+                    progs[r] += _data_parallel_ops(net, parts, mesh, s, t, buckets, overlap,
+                                                   progs[r])
+                    params = sum(p.params() for p in parts)
+                    progs[r].append(Compute("update", costs.update_s(params)))
+    return progs, mesh
+
+
+def _pipeline_op(kind, i, c, s, stage: _Stage, mesh: _Mesh, d, t, pp, chunks, mb, named,
+                 blocking) -> list:
+    """One F or B of micro-batch i on chunk c of stage s, with its receive and send."""
+    v = c * pp + s                               # the virtual stage (interleaved)
+    last_v = pp * chunks - 1
+    name = named[0 if kind == "F" else 1] if named else f"{kind}{i}"
+    prev_rank = mesh.rank(d, (s - 1) % pp, t)
+    next_rank = mesh.rank(d, (s + 1) % pp, t)
+    group = mesh.tp_group(d, s)
+    link = mesh.link["pp"]
+    ops = []
+    if kind == "F":
+        if v > 0:
+            nbytes = _boundary_bytes(stage.net, stage.layers.start, mb)
+            ops.append(Recv(prev_rank, nbytes, "recv", "pp"))
+        ops += stage.forward(name, mb, group)
+        if v < last_v:
+            nbytes = _boundary_bytes(stage.net, stage.layers.stop, mb)
+            ops.append(Send(next_rank, nbytes, send_s(nbytes, link), "send", "pp", blocking))
+    else:
+        if v < last_v:
+            nbytes = _boundary_bytes(stage.net, stage.layers.stop, mb)
+            ops.append(Recv(next_rank, nbytes, "recv", "pp"))
+        ops += stage.backward(name, mb, group)
+        if v > 0:
+            nbytes = _boundary_bytes(stage.net, stage.layers.start, mb)
+            ops.append(Send(prev_rank, nbytes, send_s(nbytes, link), "send", "pp", blocking))
+    return ops
+
+
+def _boundary_bytes(net: Network, at: int, batch: float) -> float:
+    """The activation crossing the cut before layer ``at`` (its gradient is as large)."""
+    return net.layers[at - 1].out_elems * batch * net.act_bytes
+
+
+def _data_parallel_ops(net, parts, mesh: _Mesh, s, t, buckets, overlap, prog) -> list:
+    """Average the replica's gradients over dp: after the backward, or overlapped with it.
+
+    overlap: each bucket's all-reduce is posted, in the background, right after the
+    backward of its first layer (in backward order) and runs while the backward goes
+    on (DDP's hooks); the update waits for all of them (``Join``). Otherwise they run
+    one after another once the backward is done.
+    """
+    if mesh.dp == 1:
+        return []
+    group = mesh.dp_group(s, t)
+    link = mesh.link["dp"]
+    shard = {i: net.layers[i].params / p._sliced(i) for p in parts for i in p.layers}
+    layers = [i for p in parts for i in p.layers]
+    plan = _buckets(net, range(min(layers), max(layers) + 1), shard.get, buckets)
+    ops = [Collective(group, nbytes, _all_reduce(nbytes, mesh.dp, link, mesh.overhead),
+                      "all-reduce", "dp", background=overlap) for _, nbytes in plan]
+    if not overlap:
+        return ops
+    _weave_after_backward(prog, plan, ops, parts)
+    return [Join()]
+
+
+def _weave_after_backward(prog: list, plan, ops, parts) -> None:
+    """Insert each bucket's all-reduce right after the backward pass that completes it.
+
+    Walking back from the end of this step's ops, the backward computes met first are
+    those of the last micro-batch, first layer first: the k-th is layer ``layers[k]``.
+    """
+    layers = [i for p in parts for i in p.layers]
+    where: dict[int, int] = {}
+    for pos in range(len(prog) - 1, -1, -1):
+        op = prog[pos]
+        if isinstance(op, Compute) and op.name == "update" or len(where) == len(layers):
+            break
+        if isinstance(op, Compute) and (op.name == "backward" or op.name.startswith("B")):
+            where[layers[len(where)]] = pos
+    for (layer, _), op in sorted(zip(plan, ops), key=lambda x: -where[x[0][0]]):
+        prog.insert(where[layer] + 1, op)
+
+
+def _schedule(name: str, pp: int, m: int, chunks: int) -> list[list[tuple]]:
+    """Per stage: ("F" | "B", micro-batch, chunk) in the order the stage runs them."""
+    if name not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {name!r}")
+    if name == "interleaved":
+        return _interleaved(pp, m, chunks)
+    if chunks != 1:
+        raise ValueError(f"chunks={chunks} needs schedule='interleaved'")
+    ops = (gpipe if name == "gpipe" else one_f_one_b)(pp, m)
+    check_schedule(ops, pp, m)
+    return [[(k, i, 0) for k, i in stage] for stage in ops]
+
+
+def _interleaved(p: int, m: int, v: int) -> list[list[tuple]]:
+    """Interleaved 1F1B (Narayanan et al., 2021, section 2.2): v chunks per device.
+
+    Device d holds virtual stages d, d + p, ...; micro-batches go through in groups of
+    p. Warm-up: (p - d - 1) * 2 + (v - 1) * p forwards, then one forward and one
+    backward in turn (Megatron-LM's ``forward_backward_pipelining_with_interleaving``).
+    """
+    if v < 2:
+        raise ValueError(f"an interleaved schedule needs chunks >= 2, got {v}")
+    if m % p:
+        raise ValueError(f"interleaved 1F1B runs micro-batches in groups of the {p} stages: "
+                         f"micro_batches={m} must be a multiple of {p}")
+    total = m * v
+
+    def unit(k: int, backward: bool) -> tuple[int, int]:
+        chunk = (k // p) % v
+        return (k // (p * v)) * p + k % p, (v - 1 - chunk if backward else chunk)
+
+    out = []
+    for d in range(p):
+        warm = min((p - d - 1) * 2 + (v - 1) * p, total)
+        ops = [("F", *unit(k, False)) for k in range(warm)]
+        f, b = warm, 0
+        while b < total:
+            if f < total:
+                ops.append(("F", *unit(f, False)))
+                f += 1
+            ops.append(("B", *unit(b, True)))
+            b += 1
+        out.append(ops)
+    return out
+
+
+def _stage_layers(net: Network, costs, stages: int, bounds, batch: float) -> list[range]:
+    n = len(net)
+    if stages > n:
+        raise ValueError(f"{stages} stages need at least {stages} layers; {net.name} has {n}: "
+                         "use fewer stages (or chunks)")
+    if bounds is None:
+        work = [costs.forward_s(i, batch) + costs.backward_s(i, batch) for i in range(n)]
+        bounds = balance(work, stages) if stages > 1 else []
+    else:
+        bounds = check_bounds(bounds, n, stages)
+    edges = [0, *bounds, n]
+    return [range(a, b) for a, b in zip(edges, edges[1:])]
+
+
+def _labels(mesh: _Mesh, background: bool) -> dict:
+    labels = {r: f"rank {r} (predicted)" for r in range(mesh.size)}
+    if background:
+        labels.update({mesh.size + r: f"rank {r} buckets (predicted)" for r in range(mesh.size)})
+    return labels
+
+
+def _run(progs, mesh, steps, notes, background=False) -> PredictedTimeline:
+    return run(progs, _labels(mesh, background), steps=steps, notes=notes)
+
+
+def _costs(net, cluster, costs):
+    return costs if costs is not None else Roofline(net, cluster)
+
+
+def _notes(strategy, net, cluster, costs, **extra) -> dict:
+    return {"strategy": strategy, "network": net.name, "cluster": cluster.name,
+            "costs": getattr(costs, "source", type(costs).__name__), **extra}
+
+
+# ------------------------------------------------------------------ the strategies
+def single_device(net: Network, cluster: Cluster, batch: int, *, steps: int = 1,
+                  costs=None) -> PredictedTimeline:
+    """Lab 01: forward, backward and update of the whole batch on one device."""
+    batch, steps = _whole(batch, "batch"), _whole(steps, "steps")
+    costs = _costs(net, cluster, costs)
+    progs, mesh = _programs(net, cluster, costs, batch, steps=steps)
+    return _run(progs, mesh, steps, _notes("single device", net, cluster, costs))
+
+
+def manual_split(net: Network, cluster: Cluster, batch: int, *, devices: int = 2,
+                 bounds=None, steps: int = 1, costs=None) -> PredictedTimeline:
+    """Lab 02: layers ``bounds[k-1]:bounds[k]`` on device k (default: balanced by cost);
+    the activation is sent on (blocking), the gradient sent back; one device works at a time."""
+    batch, steps, devices = _whole(batch, "batch"), _whole(steps, "steps"), _whole(devices, "devices")
+    costs = _costs(net, cluster, costs)
+    progs, mesh = _programs(net, cluster, costs, batch, pp=devices, bounds=bounds,
+                            steps=steps, blocking=True)
+    return _run(progs, mesh, steps, _notes(f"manual split over {devices}", net, cluster, costs))
+
+
+def tensor_parallel(net: Network, cluster: Cluster, batch: int, *, devices: int = 2,
+                    scheme: str = "column_row", steps: int = 1, costs=None) -> PredictedTimeline:
+    """Lab 03: every layer's neurons sliced over ``devices``; the whole batch on each.
+
+    naive: every layer column-parallel, its output all-gathered and its input's
+    gradient all-reduced. column_row: Megatron-LM's pairs (Shoeybi et al., 2019): one
+    all-reduce per pair forward, one per pair backward (none for the first pair's input).
+    """
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+    batch, steps, devices = _whole(batch, "batch"), _whole(steps, "steps"), _whole(devices, "devices")
+    costs = _costs(net, cluster, costs)
+    progs, mesh = _programs(net, cluster, costs, batch, tp=devices, scheme=scheme, steps=steps)
+    return _run(progs, mesh, steps, _notes(f"tensor parallel ({scheme}) over {devices}", net,
+                                           cluster, costs))
+
+
+def pipeline(net: Network, cluster: Cluster, batch: int, *, stages: int = 2,
+             micro_batches: int = 4, schedule: str = "1f1b", chunks: int = 2, bounds=None,
+             steps: int = 1, costs=None) -> PredictedTimeline:
+    """Lab 04: a micro-batch pipeline (GPipe, 1F1B, or interleaved 1F1B with ``chunks``
+    model chunks per device). Sends are non-blocking (``isend``), as in the course's
+    pipeline; spans are named F<i> and B<i>; the bubble is the stages' idle share."""
+    batch, steps = _whole(batch, "batch"), _whole(steps, "steps")
+    stages, micro_batches = _whole(stages, "stages"), _whole(micro_batches, "micro_batches")
+    chunks = _whole(chunks, "chunks") if schedule == "interleaved" else 1
+    costs = _costs(net, cluster, costs)
+    progs, mesh = _programs(net, cluster, costs, batch, pp=stages, micro_batches=micro_batches,
+                            schedule=schedule, chunks=chunks, bounds=bounds, steps=steps,
+                            phase_names=None if micro_batches > 1 else ("F0", "B0"))
+    return _run(progs, mesh, steps, _notes(f"pipeline {schedule}, {stages} stages, "
+                                           f"{micro_batches} micro-batches", net, cluster, costs))
+
+
+def data_parallel(net: Network, cluster: Cluster, batch: int, *, devices: int = 2,
+                  buckets=1, overlap: bool = True, steps: int = 1,
+                  costs=None) -> PredictedTimeline:
+    """Lab 05: each replica on batch / devices, gradients averaged by ring all-reduce.
+
+    buckets: how many all-reduces (layers grouped last first, as DDP does), or
+    "per_tensor". overlap: each bucket's all-reduce runs on a second lane ("rank r
+    buckets") while the backward goes on, the update waits for them; without it they
+    follow the backward.
+    """
+    batch, steps, devices = _whole(batch, "batch"), _whole(steps, "steps"), _whole(devices, "devices")
+    costs = _costs(net, cluster, costs)
+    progs, mesh = _programs(net, cluster, costs, batch, dp=devices, buckets=buckets,
+                            overlap=overlap, steps=steps)
+    how = f"{buckets} bucket(s), {'overlapped' if overlap else 'after the backward'}"
+    return _run(progs, mesh, steps, _notes(f"data parallel over {devices}, {how}", net, cluster,
+                                           costs), background=overlap and devices > 1)
+
+
+def hybrid(net: Network, cluster: Cluster, batch: int, *, dp: int = 2, tp: int = 1, pp: int = 1,
+           micro_batches: int = 4, schedule: str = "1f1b", scheme: str = "column_row",
+           buckets=1, overlap: bool = False, steps: int = 1, costs=None) -> PredictedTimeline:
+    """Lab 07: data parallel over replicas that each split the model (dp × tp, dp × pp).
+
+    The replica runs tensor parallel or a pipeline; then its gradients are averaged over
+    the dp line, in one bucket after the backward (lab 07's ``bucket=True``)."""
+    batch, steps = _whole(batch, "batch"), _whole(steps, "steps")
+    dp, tp, pp = _whole(dp, "dp"), _whole(tp, "tp"), _whole(pp, "pp")
+    m = _whole(micro_batches, "micro_batches") if pp > 1 else 1
+    costs = _costs(net, cluster, costs)
+    progs, mesh = _programs(net, cluster, costs, batch, dp=dp, tp=tp, pp=pp, micro_batches=m,
+                            schedule=schedule, scheme=scheme, buckets=buckets, overlap=overlap,
+                            steps=steps, phase_names=("F0", "B0") if pp > 1 and m == 1 else None)
+    shape = " × ".join(f"{a} {n}" for a, n in (("dp", dp), ("pp", pp), ("tp", tp)) if n > 1)
+    return _run(progs, mesh, steps, _notes(f"hybrid {shape or 'one device'}", net, cluster,
+                                           costs), background=overlap and dp > 1)
+
+
+def parameter_server(net: Network, cluster: Cluster, batch: int, *, workers: int = 2,
+                     mode: str = "sync", slow: dict | None = None, steps: int = 3,
+                     costs=None) -> PredictedTimeline:
+    """Lab 06: rank 0 serves the parameters, ranks 1.. are workers on batch / workers.
+
+    sync: the server waits for every worker's gradients (in rank order), sums them,
+    updates, and sends the new parameters to each. async: it serves pushes as they come,
+    updates with each alone and sends that worker fresh parameters; a slow worker
+    (``slow={rank: factor}``, its compute ``factor`` times longer) no longer holds the
+    others up. steps: sync updates; async: the server applies steps × workers gradients.
+    """
+    if mode not in ("sync", "async"):
+        raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
+    batch, steps, workers = _whole(batch, "batch"), _whole(steps, "steps"), _whole(workers, "workers")
+    slow = {int(r): float(f) for r, f in (slow or {}).items()}
+    if any(r not in range(1, workers + 1) or f < 1 for r, f in slow.items()):
+        raise ValueError(f"slow={slow}: keys must be worker ranks 1..{workers}, factors >= 1")
+    costs = _costs(net, cluster, costs)
+    mesh = _Mesh(cluster, workers + 1, 1, 1)
+    per = _divides(batch, workers, "workers")
+    p = net.params
+    t_params = send_s(p * net.state["params"], mesh.link["dp"])
+    t_grads = send_s(p * net.grad_wire_bytes, mesh.link["dp"])
+    fwd = sum(costs.forward_s(i, per) for i in range(len(net)))
+    bwd = sum(costs.backward_s(i, per) for i in range(len(net)))
+    update = costs.update_s(p)
+    add = p * net.grad_wire_bytes * 3 / cluster.memory_bandwidth_Bps + cluster.layer_overhead_s
+    sim = _ps_sync if mode == "sync" else _ps_async
+    spans = sim(workers, steps, slow, fwd, bwd, update, add, t_params, t_grads,
+                p * net.state["params"], p * net.grad_wire_bytes)
+    labels = {0: "server (predicted)", **{w: f"worker {w} (predicted)" for w in range(1, workers + 1)}}
+    return PredictedTimeline(spans, labels, steps=steps,
+                             notes=_notes(f"parameter server, {mode}", net, cluster, costs,
+                                          slow=slow))
+
+
+def _ps_sync(workers, steps, slow, fwd, bwd, update, add, t_params, t_grads, pbytes, gbytes):
+    progs = [[] for _ in range(workers + 1)]
+    ws = range(1, workers + 1)
+    for w in ws:
+        progs[0].append(Send(w, pbytes, t_params, "send params", None, True))
+    for _ in range(steps):
+        for w in ws:
+            f = slow.get(w, 1.0)
+            progs[w] += [Recv(0, pbytes, "pull params"), Compute("forward", fwd * f),
+                         Compute("backward", bwd * f), Send(0, gbytes, t_grads, "push gradients")]
+        for w in ws:
+            progs[0] += [Recv(w, gbytes, "receive gradients"), Compute("sum gradients", add)]
+        progs[0].append(Compute("apply update", update))
+        for w in ws:
+            progs[0].append(Send(w, pbytes, t_params, "send params", None, True))
+    for w in ws:
+        progs[w].append(Recv(0, pbytes, "pull params"))
+    from .engine import _Engine
+    eng = _Engine(progs)
+    eng.run()
+    from .engine import _merge_compute
+    return _merge_compute(eng.spans)
+
+
+def _ps_async(workers, steps, slow, fwd, bwd, update, add, t_params, t_grads, pbytes, gbytes):
+    """The server takes pushes in the order they are ready (first come, first served).
+
+    A worker's push is non-blocking: once its backward is done it waits for the
+    server, which receives the gradients, updates, and sends that worker parameters.
+    """
+    spans: list[Span] = []
+    server_free = 0.0
+    ready = {}                                  # worker -> when its gradients are ready
+    for w in range(1, workers + 1):            # the first pull, in rank order
+        _pull(spans, w, 0.0, server_free, t_params, pbytes)
+        server_free += t_params
+        ready[w] = _work(spans, w, server_free, fwd, bwd, slow.get(w, 1.0))
+    for _ in range(steps * workers):
+        w = min(ready, key=lambda k: (ready[k], k))
+        pushed = ready.pop(w)
+        if pushed > server_free:
+            spans.append(Span(0, WAIT, "wait for push", server_free, pushed))
+        t = max(server_free, pushed)
+        spans.append(Span(0, COMM, "receive gradients", t, t + t_grads, int(gbytes), w))
+        spans.append(Span(w, WAIT, "wait for server", pushed, t))
+        spans.append(Span(w, COMM, "push gradients", t, t + t_grads, int(gbytes), 0))
+        t += t_grads
+        spans.append(Span(0, COMPUTE, "apply update", t, t + update))
+        t += update
+        _pull(spans, w, t - update, t, t_params, pbytes)
+        server_free = t + t_params
+        ready[w] = _work(spans, w, server_free, fwd, bwd, slow.get(w, 1.0))
+    return spans
+
+
+def _pull(spans, w, waiting_from, t, t_params, pbytes) -> None:
+    """The server sends worker w the parameters at t; w waits for them from ``waiting_from``."""
+    spans.append(Span(0, COMM, "send params", t, t + t_params, int(pbytes), w))
+    spans.append(Span(w, WAIT, "wait for server", waiting_from, t))
+    spans.append(Span(w, COMM, "pull params", t, t + t_params, int(pbytes), 0))
+
+
+def _work(spans, w, t, fwd, bwd, factor) -> float:
+    """A worker's forward and backward from ``t``; when its gradients are ready."""
+    spans.append(Span(w, COMPUTE, "forward", t, t + fwd * factor))
+    t += fwd * factor
+    spans.append(Span(w, COMPUTE, "backward", t, t + bwd * factor))
+    return t + bwd * factor
+
+
+STRATEGIES = {"single_device": single_device, "manual_split": manual_split,
+              "tensor_parallel": tensor_parallel, "pipeline": pipeline,
+              "data_parallel": data_parallel, "parameter_server": parameter_server,
+              "hybrid": hybrid}
+
+
+def timeline(strategy: str, net: Network, cluster: Cluster, batch: int, **options
+             ) -> PredictedTimeline:
+    """``timeline("pipeline", net, cluster, 64, stages=4, schedule="1f1b")``: by name."""
+    try:
+        fn = STRATEGIES[strategy]
+    except KeyError:
+        raise ValueError(f"strategy must be one of {sorted(STRATEGIES)}, got {strategy!r}") from None
+    return fn(net, cluster, batch, **options)
