@@ -215,9 +215,7 @@ def all_reduce_explorer(worker, here_link, unit_s: float, *, unit_flops: float,
 
     def measure(n, nbytes, cluster):
         from .launcher import launch
-        if n > 4:
-            raise ValueError(f"{n} ranks on this machine's few cores would measure the "
-                             "operating system's scheduler: choose at most 4")
+        _only_here(HERE, n)
         run = launch(worker, n, kwargs=dict(numel=max(nbytes // 4, 1)))
         measured = run.timeline.filter(names={"compute", "all_reduce"})
         steps = len(measured.step_windows("compute", rank=0)) or 1
@@ -323,10 +321,7 @@ def tensor_parallel_explorer(here, *, batch: int = 64):
     def measure(width, n, scheme, cluster):
         from .launcher import launch
         from .torch import tensor_parallel as tp
-        if cluster != HERE:
-            raise ValueError("this machine can only measure itself: choose it as the cluster")
-        if n > 4:
-            raise ValueError(f"{n} ranks on this machine's few cores: choose at most 4")
+        _only_here(cluster, n)
         steps = 6
         run = launch(tp.train_sliced, n, kwargs=dict(sizes=_mlp(width), scheme=scheme,
                                                      steps=steps, batch_size=batch))
@@ -387,11 +382,9 @@ def data_parallel_explorer(here, measured=None, *, sizes=(64, 256, 256, 128, 10)
         from .launcher import launch
         from .torch import data_parallel as dp
         from .trace import Timeline
-        if cluster != HERE or width != lab_width:
-            raise ValueError(f"this machine measures only itself and the lab's MLP: choose it "
-                             f"as the cluster and width {lab_width}")
-        if n > 4:
-            raise ValueError(f"{n} ranks on this machine's few cores: choose at most 4")
+        _only_here(cluster, n)
+        if width != lab_width:
+            raise ValueError(f"measuring here runs the lab's MLP: choose width {lab_width}")
         mode = "ddp" if overlap else "by_hand"
         run = launch(dp.train_data_parallel, n, kwargs=dict(
             mode=mode, global_batch=global_batch, steps=10, bucket_mb=BUCKET_CAP_MB[buckets]))
@@ -408,6 +401,15 @@ def data_parallel_explorer(here, measured=None, *, sizes=(64, 256, 256, 128, 10)
                 "overlap": _checkbox("overlap with the backward (DDP)", True),
                 "cluster": choice("cluster", cluster_choices(here))}
     return explorer(predict, controls, measure=measure)
+
+
+def _only_here(cluster: str, ranks: int, most: int = 4) -> None:
+    """Refuse, in words, what "measure it here" cannot measure."""
+    if cluster != HERE:
+        raise ValueError("this machine can only measure itself: choose it as the cluster")
+    if ranks > most:
+        raise ValueError(f"{ranks} processes on this machine's few cores would measure the "
+                         f"operating system's scheduler: choose at most {most}")
 
 
 def _checkbox(description: str, value: bool):
@@ -451,11 +453,7 @@ def parameter_server_explorer(here, measured=None, net=None, *, global_batch: in
     def measure(workers, slow, mode, cluster):
         from .launcher import launch
         from .torch import parameter_server as ps
-        if cluster != HERE:
-            raise ValueError("this machine can only measure itself: choose it as the cluster")
-        if workers > 3:
-            raise ValueError(f"a server and {workers} workers on this machine's few cores: "
-                             "choose at most 3 workers")
+        _only_here(cluster, workers + 1)
         run = launch(ps.train_parameter_server, workers + 1, kwargs=dict(
             mode=mode, model="cnn", global_batch=global_batch, steps=30, lr=0.2,
             slow={workers: slow} if slow > 1 else None))
