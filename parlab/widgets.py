@@ -120,62 +120,52 @@ def explorer(predict, controls: dict, *, measure=None, measure_label: str = "mea
     return box
 
 
-def pipeline_explorer(cfg, forward_s: float = 1.0, backward_s: float = 2.0, transfer_s: float = 0.05):
-    """Choose p, m and a schedule: see the predicted timeline; one click measures it.
+def pipeline_explorer(cfg, here=None, costs=None):
+    """Lab 04: choose p, m, a schedule and a cluster: the PREDICTED step at once; one
+    click measures it.
 
-    The prediction uses ``parlab.schedules.simulate`` with the given relative costs and is
-    labelled as predicted. "measure" runs ``parlab.experiments.run_pipeline(cfg, p, m, schedule)`` on p
-    ranks and draws the second step as measured.
+    cfg: the lab's pipeline (``SplitConfig``: an MLP and its batch). here, costs: this
+    machine and the MLP's per-layer costs as the lab calibrated them (``sim.Measured``);
+    without them only the GPU clusters are offered. The prediction is
+    ``sim.pipeline`` (stages balanced by cost); "measure it here" runs
+    ``experiments.run_pipeline(cfg, p, m, schedule)`` on p ranks and draws its last step
+    next to the prediction for the same stages.
     """
-    import ipywidgets as w
-    from IPython.display import display
-
-    from . import plot, schedules
+    from . import sim
     from .metrics import pipeline_bubble
+    net = sim.Network.mlp(cfg.sizes)
 
-    # labels as wide as they need (the default 80 px cuts "micro-batches m" short)
-    style, wide = {"description_width": "initial"}, w.Layout(width="360px")
-    p = w.IntSlider(value=2, min=1, max=4, description="stages p", style=style, layout=wide)
-    m = w.IntSlider(value=4, min=1, max=8, description="micro-batches m", style=style, layout=wide)
-    name = w.Dropdown(options=["gpipe", "1f1b"], value="1f1b", description="schedule", style=style,
-                      layout=w.Layout(width="220px"))
-    measure = w.Button(description="measure it", tooltip="runs p ranks (a few seconds)",
-                       layout=w.Layout(width="140px"))
-    out = w.Output()
+    def predicted(p, m, schedule, cluster, bounds=None):
+        return sim.pipeline(net, cluster_for(cluster, p, here), cfg.batch_size, stages=p,
+                            micro_batches=m, schedule=schedule, bounds=bounds,
+                            costs=costs if cluster == HERE else None)
 
-    def draw_prediction(*_):
-        ops = schedules.make(name.value, p.value, m.value)
-        tl = schedules.simulate(ops, p.value, m.value, forward_s, backward_s, transfer_s)
-        title = (f"{name.value}, p={p.value}, m={m.value}: bubble {schedules.bubble_share(tl):.2f} "
-                 f"(formula (p-1)/(m+p-1) = {pipeline_bubble(p.value, m.value):.2f})")
-        with out:
-            out.clear_output(wait=True)
-            display(plot.timeline(tl, predicted=True, unit="s", title=f"predicted: {title}",
-                                  color_by="name"))
+    def predict(p, m, schedule, cluster):
+        tl = predicted(p, m, schedule, cluster)
+        lost = sum(tl.seconds_by_kind(r)["idle"] + tl.seconds_by_kind(r)["wait"]
+                   for r in tl.ranks) / (len(tl.ranks) * tl.duration)
+        return tl, (f"PREDICTED: one step {_t(tl.step_s)}; the stages idle or wait {lost:.0%} "
+                    f"of it (GPipe's and 1F1B's bubble (p-1)/(m+p-1) = {pipeline_bubble(p, m):.0%})"), \
+            f"{schedule}, p = {p}, m = {m}, {cluster_for(cluster, p, here).name}"
 
-    def run_measurement(_):
+    def measure(p, m, schedule, cluster):
         from .experiments import run_pipeline
         from .torch import pipeline
-        with out:
-            out.clear_output(wait=True)
-            print(f"running {p.value} ranks ...")
-            try:
-                res = run_pipeline(cfg, p.value, m.value, name.value)
-            except ValueError as err:
-                print(f"refused: {err}")
-                return
-            window = pipeline.step_windows(res.timeline, p.value, m.value)[-1]
-            bubble = pipeline.measured_bubble(res.timeline, p.value, m.value)
-            out.clear_output(wait=True)
-            display(plot.timeline(res.timeline.window(*window), color_by="name",
-                                  title=f"measured: {name.value}, p={p.value}, m={m.value}: "
-                                        f"bubble {bubble:.2f}"))
+        _only_here(cluster, p)
+        if schedule not in ("gpipe", "1f1b"):
+            raise ValueError("this lab's executor runs gpipe and 1f1b: choose one of them")
+        res = run_pipeline(cfg, p, m, schedule)
+        window = pipeline.step_windows(res.timeline, p, m)[-1]
+        # module index -> Linear layer index (the MLP alternates Linear and ReLU)
+        bounds = [b // 2 for b in pipeline.prepare(cfg, p, m, schedule)[0].bounds]
+        return res.timeline.window(*window), predicted(p, m, schedule, cluster, bounds)
 
-    for widget in (p, m, name):
-        widget.observe(draw_prediction, names="value")
-    measure.on_click(run_measurement)
-    draw_prediction()
-    return w.VBox([w.HBox([p, m]), w.HBox([name, measure]), out])
+    clusters = cluster_choices(here if costs is not None else None)
+    controls = {"p": slider("stages p", range(1, 5), 2),
+                "m": slider("micro-batches m", range(1, 9), 4),
+                "schedule": choice("schedule", ["1f1b", "gpipe", "interleaved"]),
+                "cluster": choice("cluster", clusters)}
+    return explorer(predict, controls, measure=measure)
 
 
 # ------------------------------------------------------------------ lab 00

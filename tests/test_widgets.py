@@ -11,8 +11,10 @@ import pytest
 pytest.importorskip("ipywidgets")
 
 from parlab import experiments, sim, widgets  # noqa: E402
+from parlab.splitting import SplitConfig  # noqa: E402
 
 MLP = (64, 256, 256, 128, 10)
+PIPE = SplitConfig(sizes=(64, *[256] * 32, 10), batch_size=840)
 
 
 @pytest.fixture(scope="module")
@@ -29,10 +31,13 @@ def _explorers(here):
     net = sim.Network.mlp(MLP)
     costs = experiments.costs_from_phases(net, 64, 0.7e-3, 0.8e-3, 0.3e-3)
     cnn = sim.Network("CNN", net.layers[:2], 64)
+    pipe = sim.Network.mlp(PIPE.sizes)
+    costs_pipe = experiments.costs_from_phases(pipe, 210, 40e-3, 60e-3, 5e-3)
     return {
         "all-reduce": widgets.all_reduce_explorer(None, sim.Link(200e-6, 1e9), 0.04,
                                                   unit_flops=1e9),
         "tensor parallel": widgets.tensor_parallel_explorer(here),
+        "pipeline": widgets.pipeline_explorer(PIPE, here, costs_pipe),
         "data parallel": widgets.data_parallel_explorer(here, costs),
         "parameter server": widgets.parameter_server_explorer(
             here, experiments.costs_from_phases(cnn, 32, 1e-3, 2e-3, 0.2e-3), cnn),
