@@ -278,7 +278,7 @@ def data_parallel_bench(quick: bool = False) -> list[str]:
     from parlab.launcher import launch
     from parlab.torch import data_parallel as dp
 
-    steps = 8 if quick else 14
+    steps = 8 if quick else 12
     step, shares = {}, {}
     for n in (1, 2, 1, 2):  # interleaved, best of two: the machine's drift hits both
         res = launch(dp.train_data_parallel, n, args=("ddp", "conv_stack", 256, steps, 0.05))
@@ -363,3 +363,181 @@ def hybrid_bench(quick: bool = False) -> list[str]:
                          f"{r['measured_s'] / base:4.2f}x dp 4 (PREDICTED "
                          f"{r['predicted'].step_s * 1e3:6.2f} ms); per rank per step: {moved}")
     return lines
+
+
+# --------------------------------------------------------------------------- the cost model
+SIM_SIZES = (64, 256, 256, 128, 10)       # the course's MLP (labs 02, 03, 05, 06, 07)
+SIM_PIPELINE_SIZES = (64, 256, 256, 256, 256, 256, 256, 10)     # lab 04: deeper, same width
+
+
+def _warm_shares(timeline, marker: str, skip: int = 1, rank=None) -> dict:
+    """Mean compute / transfer / wait+idle share over the steps after the first ``skip``."""
+    windows = timeline.step_windows(marker, rank)[skip:]
+    shares = _shares(timeline, windows)
+    lanes = list(shares)
+    return {k: sum(shares[r][k] for r in lanes) / len(lanes) for k in ("compute", "comm")} | {
+        "idle": sum(shares[r]["wait"] + shares[r]["idle"] for r in lanes) / len(lanes)}
+
+
+def _ratio_line(label: str, predicted: float, measured: float, what: str = "step") -> str:
+    ratio = predicted / measured
+    verdict = "within" if abs(ratio - 1) <= 0.15 else "OUTSIDE"
+    return (f"{label}: {what} PREDICTED {predicted * 1e3:.2f} ms, measured "
+            f"{measured * 1e3:.2f} ms, predicted/measured {ratio:.2f} ({verdict} 15 %)")
+
+
+def _share_line(label: str, name: str, predicted: float, measured: float) -> str:
+    verdict = "within" if abs(predicted - measured) <= 0.05 else "OUTSIDE"
+    return (f"{label}: {name} PREDICTED {predicted:.3f}, measured {measured:.3f}, |difference| "
+            f"{abs(predicted - measured):.3f} ({verdict} 0.05)")
+
+
+@benchmark("sim")
+def sim_bench(quick: bool = False) -> list[str]:
+    """The cost model against this machine (labs 01-07) and against published figures.
+
+    Calibrated once, on one launch: lab 01's step at batches 32 and 128 (per-layer
+    forward/backward/update seconds, ``sim.Measured.from_timeline``) and the link
+    between two ranks (sends and two-rank all-reduces, ``sim.measured_link``). Every
+    other configuration is predicted from those numbers, then measured in its own launch.
+    """
+    import os
+
+    import numpy as np
+
+    from parlab import sim
+    from parlab.experiments import measure_this_machine, run_pipeline, survey_hybrid
+    from parlab.launcher import launch
+    from parlab.splitting import SplitConfig
+    from parlab.torch import data_parallel as dp
+    from parlab.torch import parameter_server as ps
+    from parlab.torch import pipeline as pl
+    from parlab.torch import split
+    from parlab.torch import tensor_parallel as tp
+
+    cores = os.cpu_count() or 1
+    load0 = _load()
+    steps = 8 if quick else 12
+    here = measure_this_machine(SIM_SIZES, batches=(32, 64, 128), fit_batches=(32, 128),
+                                steps=8 if quick else 10)
+    cluster, costs, lab01 = here["cluster"], here["costs"], here["timelines"][64]
+    net = sim.Network.mlp(SIM_SIZES)
+    lines = [f"calibrated on one launch: lab 01's step at batches 32 and 128 (fixed part "
+             f"{costs.fixed_s * 1e6:.0f} us per layer pass), link {cluster.intra}, "
+             f"collective overhead {cluster.collective_overhead_s * 1e3:.2f} ms, wake-up after "
+             f"blocking {cluster.wake_latency_s * 1e3:.2f} ms; {cores} cores, load average "
+             f"{load0}; everything below is predicted from these"]
+
+    def predicted_step(tl, marker="forward"):
+        return float(np.median([b - a for a, b in tl.step_windows(marker)]))
+
+    # lab 01: the step at batch 64, which the calibration did not use
+    measured = float(np.median([s.duration for s in lab01 if s.name in ("forward",)][2:])) + \
+        float(np.median([s.duration for s in lab01 if s.name == "backward"][2:])) + \
+        float(np.median([s.duration for s in lab01 if s.name == "update"][2:]))
+    one = sim.single_device(net, cluster, 64, costs=costs)
+    lines.append(_ratio_line("lab 01 single device, batch 64", one.step_s, measured))
+
+    # lab 02: the split over two devices (modules 0-3 | 4-6: Linear layers 0-1 | 2-3)
+    res = launch(split.train_split, 2, args=(SplitConfig(sizes=SIM_SIZES, bounds=[4],
+                                                         batch_size=64, steps=steps),))
+    pred = sim.manual_split(net, cluster, 64, devices=2, bounds=[2], steps=3, costs=costs)
+    lines.append(_ratio_line("lab 02 split over 2", pred.step_s,
+                             _median_step(res.timeline, name="forward")))
+    lines.append(_share_line("lab 02 split over 2", "idle+wait share",
+                             _warm_shares(pred, "forward")["idle"],
+                             _warm_shares(res.timeline, "forward", skip=2)["idle"]))
+
+    # lab 03: tensor parallel on 2 devices, the whole batch of 64 on each
+    for scheme in ("naive", "column_row"):
+        res = launch(tp.train_sliced, 2, args=(SIM_SIZES, scheme, 64, steps))
+        pred = sim.tensor_parallel(net, cluster, 64, devices=2, scheme=scheme, steps=3,
+                                   costs=costs)
+        label = f"lab 03 tensor parallel {scheme}"
+        lines.append(_ratio_line(label, pred.step_s, _median_step(res.timeline, name="forward")))
+        m, p = _warm_shares(res.timeline, "forward", skip=2), _warm_shares(pred, "forward")
+        lines.append(_share_line(label, "transfer+wait share", p["comm"] + p["idle"],
+                                 m["comm"] + m["idle"]))
+
+    # lab 04: GPipe and 1F1B on 2 stages, 4 micro-batches of 64
+    pnet = sim.Network.mlp(SIM_PIPELINE_SIZES)
+    pcosts = _rescaled(costs, net, pnet)
+    cfg = SplitConfig(sizes=SIM_PIPELINE_SIZES, batch_size=256, steps=5 if quick else 8, lr=0.01)
+    for schedule in ("gpipe", "1f1b"):
+        out = run_pipeline(cfg, 2, 4, schedule)
+        bounds = [(b + 1) // 2 for b in pl.stage_bounds(cfg, 2)]
+        pred = sim.pipeline(pnet, cluster, 256, stages=2, micro_batches=4, schedule=schedule,
+                            bounds=bounds, steps=3, costs=pcosts)
+        label = f"lab 04 pipeline {schedule}, p=2 m=4"
+        lines.append(_ratio_line(label, predicted_step(pred, "F0"),
+                                 _median_step(out.timeline, name="F0")))
+        lines.append(_share_line(label, "bubble", pl.measured_bubble(pred, 2, 4, skip_steps=1),
+                                 pl.measured_bubble(out.timeline, 2, 4)))
+        recv = [s.duration for s in out.timeline if s.kind == "comm" and s.name == "recv"]
+        model = [s.duration for s in pred if s.kind == "comm" and s.name == "recv"]
+        lines.append(f"{label}: one activation's transfer (receive), median: measured "
+                     f"{np.median(recv) * 1e3:.2f} ms, link model {np.median(model) * 1e3:.2f} ms")
+
+    # lab 05: data parallel on 2 devices, global batch 128: by hand, then DDP
+    for mode in ("by_hand", "ddp"):
+        res = launch(dp.train_data_parallel, 2, args=(mode, "mlp", 128, steps, 0.05))
+        buckets = "per_tensor" if mode == "by_hand" else max(round(res.results[0]["buckets_per_step"]), 1)
+        pred = sim.data_parallel(net, cluster, 128, devices=2, buckets=buckets,
+                                 overlap=mode == "ddp", steps=3, costs=costs)
+        measured = float(np.median(res.results[0]["step_s"][2:]))
+        label = f"lab 05 data parallel {mode} ({buckets} all-reduce(s) per step)"
+        lines.append(_ratio_line(label, pred.step_s, measured))
+        main = [0, 1]
+        m = _warm_shares(res.timeline.filter(ranks=main), "forward", skip=2)
+        p = _warm_shares(pred.filter(ranks=main), "forward")
+        lines.append(_share_line(label, "main lanes' transfer+wait share", p["comm"] + p["idle"],
+                                 m["comm"] + m["idle"]))
+
+    # lab 06: a server and two workers, worker 2 three times slower (emulated by sleeping)
+    for mode in ("sync", "async"):
+        res = launch(ps.train_parameter_server, 3,
+                     args=(mode, 1, "mlp", 64, steps, 0.05, {2: 3}))
+        pred = sim.parameter_server(net, cluster, 64, workers=2, mode=mode, slow={2: 3},
+                                    steps=steps, costs=costs)
+        measured = 64 / ps.throughput(res.results, 64)          # seconds per 64 samples
+        label = f"lab 06 parameter server {mode}, slow worker x3"
+        lines.append(_ratio_line(label, pred.duration / steps, measured, "time per 64 samples"))
+        fast = lambda tl: tl.summary()[1]["wait_share"] + tl.summary()[1]["idle_share"]  # noqa: E731
+        lines.append(_share_line(label, "fast worker's wait share", fast(pred), fast(res.timeline)))
+
+    # lab 07: the hybrids of 4 ranks, sharing the cores (the model's processor sharing)
+    survey = survey_hybrid(steps=6 if quick else 7)
+    for row in survey["rows"]:
+        shape = row["shape"]
+        pred = sim.hybrid(net, cluster, 64, dp=shape["dp"], tp=shape.get("tp", 1),
+                          pp=shape.get("pp", 1), micro_batches=4, steps=3, costs=costs)
+        marker = "F0" if shape.get("pp", 1) > 1 else "forward"
+        lines.append(_ratio_line(f"lab 07 {row['label']}", predicted_step(pred, marker),
+                                 row["measured_s"]))
+    again = measure_this_machine(SIM_SIZES, batches=(32, 128), steps=6)["cluster"]
+    lines.append(f"calibration repeated at the end: link {again.intra}, collective overhead "
+                 f"{again.collective_overhead_s * 1e3:.2f} ms, wake-up "
+                 f"{again.wake_latency_s * 1e3:.2f} ms; load average {_load()} (start: {load0})")
+    lines += sim.published.lines()
+    return lines
+
+
+def _load() -> str:
+    """The machine's 1-minute load average: how many processes wanted its cores."""
+    import os
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except OSError:
+        return "unknown"
+
+
+def _rescaled(costs, net, other):
+    """Per-layer costs of another MLP of the same kind, by FLOPs (one width measured)."""
+    from dataclasses import replace
+    per_flop_f = [(t - costs.fixed_s) / layer.flops for t, layer in zip(costs.forward, net.layers)]
+    per_flop_b = [(t - costs.fixed_s) / layer.flops for t, layer in zip(costs.backward, net.layers)]
+    rate_f = sum(per_flop_f) / len(per_flop_f)
+    rate_b = sum(per_flop_b) / len(per_flop_b)
+    return replace(costs, forward=tuple(costs.fixed_s + rate_f * layer.flops for layer in other.layers),
+                   backward=tuple(costs.fixed_s + rate_b * layer.flops for layer in other.layers),
+                   update=costs.update * other.params / net.params, params=other.params)

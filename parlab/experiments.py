@@ -548,3 +548,106 @@ def costs_from_pipeline(net, timelines: dict, batch: int, stages: int):
     return sim.Measured(tuple([fixed + max(sf, 0) * ref] * n), tuple([fixed + max(sb, 0) * ref] * n),
                         update, int(ref), net.params, fixed,
                         source=f"measured with {', '.join(map(str, sorted(timelines)))} micro-batches")
+
+
+# --------------------------------------------------------------------------- the cost model
+def _calibration_ranks(rank: int, world_size: int, sizes, batches, steps: int,
+                       messages) -> dict:
+    """Rank function: lab 00's link sweep on two ranks, then lab 01's traced step on rank 0.
+
+    The sweep (``bandwidth.sweep``: half a ping-pong, and two-rank all-reduces) comes
+    first; then rank 0 alone trains the MLP for ``steps`` steps at each batch size
+    ("forward", "backward", "update" spans) while the other rank waits at a barrier.
+    """
+    import torch
+    from torch import nn
+
+    from .torch import bandwidth, comm, training
+    from .trace import span
+    links = bandwidth.sweep(rank, world_size, sizes=messages, ops=("send_recv", "all_reduce"))
+    wake = _wake_times(rank, repeats=15)
+    comm.barrier(name="calibration")
+    if rank == 0:
+        model = training.build_model("mlp", sizes=sizes, seed=0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        loss_fn = nn.CrossEntropyLoss()
+        for b in batches:
+            x, y = torch.randn(b, sizes[0]), torch.randint(0, sizes[-1], (b,))
+            for _ in range(steps):
+                with span("forward"):
+                    opt.zero_grad()
+                    loss = loss_fn(model(x), y)
+                with span("backward"):
+                    loss.backward()
+                with span("update"):
+                    opt.step()
+    comm.barrier(name="calibration")
+    return {"links": links, "wake": wake}
+
+
+def _wake_times(rank: int, repeats: int, sleep_s: float = 0.02) -> list[float]:
+    """Rank 0: when it sent a small message; rank 1: when its blocked receive returned.
+
+    Rank 1 posts its receive at once and sleeps in it while rank 0 sleeps ``sleep_s``
+    first: their difference, less the message's own time, is how late a rank that
+    blocked resumes (one host: one monotonic clock, ``time.perf_counter``).
+    """
+    import time
+
+    import torch
+
+    from .torch import comm
+    buf, out = torch.zeros(2), []
+    for _ in range(repeats):
+        comm.barrier(name="calibration")
+        if rank == 0:
+            time.sleep(sleep_s)
+            out.append(time.perf_counter())
+            comm.send(buf, 1)
+        elif rank == 1:
+            comm.recv(buf, 0)
+            out.append(time.perf_counter())
+    return out
+
+
+CALIBRATION_MESSAGES = (4096, 65536, 1 << 18, 1 << 20, 4 << 20)
+
+
+def measure_this_machine(sizes=(64, 256, 256, 128, 10), *, batches=(32, 128), fit_batches=None,
+                         steps: int = 15, messages=CALIBRATION_MESSAGES, devices: int = 4,
+                         timeout: float = 300.0) -> dict:
+    """Calibrate the cost model here, in one launch of two ranks (PREDICTIONS follow from it).
+
+    Measures lab 00's link (one message, and an all-reduce of two ranks, per size in
+    ``messages``), how late a rank that blocked on a message resumes (the cluster's
+    ``wake_latency_s``: on a busy CPU the scheduler must give it a core back) and lab
+    01's step of the MLP ``sizes`` at each batch size. Returns
+    {"cluster": a ``sim.Cluster`` of ``devices`` simulated devices sharing this machine's
+    cores, with the measured link and collective overhead (``sim.measured_link``), "costs": ``sim.Measured`` per-layer
+    costs fitted on ``fit_batches`` (default: all ``batches``), "timelines": {batch: the
+    measured single-device steps}, "links": the sweep's records}.
+    """
+    import os
+
+    from . import sim
+    from .trace import Timeline
+    batches = tuple(batches)
+    res = launch(_calibration_ranks, 2, args=(tuple(sizes), batches, steps, tuple(messages)),
+                 timeout=timeout)
+    phases = [s for s in res.timeline if s.rank == 0 and s.name in ("forward", "backward", "update")]
+    timelines = {b: Timeline(phases[3 * steps * k: 3 * steps * (k + 1)])
+                 for k, b in enumerate(batches)}
+    net = sim.Network.mlp(sizes)
+    fit = tuple(fit_batches or batches)
+    costs = sim.Measured.from_timeline({b: timelines[b] for b in fit}, net, skip=2)
+    records = res.results[0]["links"]
+    by_op = {op: {r["bytes"]: r["seconds"] for r in records if r["op"] == op}
+             for op in ("send_recv", "all_reduce")}
+    link, overhead = sim.measured_link(by_op["send_recv"], by_op["all_reduce"])
+    late = sorted(b - a for a, b in zip(res.results[0]["wake"], res.results[1]["wake"]))
+    wake = max(late[len(late) // 2] - link.time(8), 0.0)
+    per_pass = [costs.forward_s(i, max(fit)) + costs.backward_s(i, max(fit)) for i in range(len(net))]
+    flops = 3 * max(fit) * sum(layer.flops for layer in net.layers) / sum(per_pass)
+    cluster = sim.Cluster("this machine (measured)", devices, 8e9, flops, costs.fixed_s, devices,
+                          link, link, overhead, wake_latency_s=wake, cores=os.cpu_count() or 1)
+    return {"cluster": cluster, "costs": costs, "timelines": timelines, "links": records}

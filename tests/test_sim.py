@@ -223,6 +223,7 @@ STRATEGY_CASES = [
     ("parameter_server", {"workers": 2, "mode": "sync", "slow": {2: 3}}, 3),
     ("parameter_server", {"workers": 2, "mode": "async", "slow": {2: 3}}, 3),
     ("hybrid", {"dp": 2, "tp": 2}, 4), ("hybrid", {"dp": 2, "pp": 2}, 4),
+    ("hybrid", {"dp": 2, "pp": 2, "tp": 2, "overlap": True}, 16),     # 8 ranks, 8 bucket lanes
 ]
 
 
@@ -368,3 +369,49 @@ def test_programs_that_deadlock_are_refused_with_where_they_stuck():
     progs = [[engine.Recv(1, 4)], [engine.Recv(0, 4)]]
     with pytest.raises(sim.Deadlock, match="rank 0 at Recv"):
         engine.run(progs)
+
+
+def test_a_rank_that_blocked_resumes_a_wake_up_later():
+    """On a busy CPU a blocked receiver is scheduled again late: the split pays it twice
+    a step (the second stage waits for the activation, the first for the gradient)."""
+    net, costs = _even(4)
+    quick = sim.manual_split(net, _free_cluster(), 64, devices=2, bounds=[2], costs=costs)
+    slow = sim.manual_split(net, _free_cluster(wake_latency_s=1e-3), 64, devices=2, bounds=[2],
+                            costs=costs)
+    assert slow.step_s == pytest.approx(quick.step_s + 2e-3)
+    # every collective pays one: its members never arrive together on a busy CPU
+    tp0 = sim.tensor_parallel(net, _free_cluster(), 64, devices=2, costs=costs)
+    tp1 = sim.tensor_parallel(net, _free_cluster(wake_latency_s=1e-3), 64, devices=2, costs=costs)
+    collectives = sum(1 for s in tp0 if s.rank == 0 and s.kind == COMM)
+    assert collectives == 3 and tp1.step_s == pytest.approx(tp0.step_s + 3e-3)
+
+
+def test_presets_derate_their_datasheets_and_say_so():
+    h100, a100, t4 = sim.h100_nvlink(), sim.a100_nvlink(), sim.t4_pcie()
+    assert h100.flops == pytest.approx(0.4 * 989e12)             # sustained, not peak
+    assert h100.intra.bandwidth_Bps == pytest.approx(0.8 * 450e9)
+    assert a100.memory_bandwidth_Bps == pytest.approx(0.8 * 2039e9)
+    assert t4.memory_bytes == 16e9 and t4.devices == 2
+    ib = sim.h100_infiniband(2)
+    assert ib.devices == 16 and ib.link(16) is ib.inter and ib.link(8) is ib.intra
+    assert ib.inter.bandwidth_Bps < ib.intra.bandwidth_Bps / 5
+    # the same step is faster on faster hardware
+    net = sim.Network.transformer("small", 4, 1024, 16, 512)
+    times = [sim.data_parallel(net, c, 16, devices=2).step_s for c in (t4, a100, h100)]
+    assert times == sorted(times, reverse=True)
+
+
+def test_ranks_sharing_cores_compute_at_the_shared_rate():
+    """4 simulated devices on 2 cores: when all compute at once each runs at half speed;
+    a pipeline's stages, rarely all busy, lose less."""
+    net, costs = _even(4)
+    own = sim.data_parallel(net, _free_cluster(), 256, devices=4, overlap=False, costs=costs)
+    shared = sim.data_parallel(net, _free_cluster(cores=2), 256, devices=4, overlap=False,
+                               costs=costs)
+    assert shared.step_s == pytest.approx(2 * own.step_s)
+    two = sim.data_parallel(net, _free_cluster(cores=2), 128, devices=2, overlap=False, costs=costs)
+    assert two.step_s == pytest.approx(own.step_s)              # 2 ranks, 2 cores: no loss
+    pipe = dict(stages=4, micro_batches=4, schedule="1f1b", costs=costs)
+    p_own = sim.pipeline(net, _free_cluster(), 256, **pipe)
+    p_shared = sim.pipeline(net, _free_cluster(cores=2), 256, **pipe)
+    assert p_own.step_s < p_shared.step_s < 2 * p_own.step_s

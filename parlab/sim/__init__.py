@@ -1,52 +1,75 @@
 """The cost model: what a strategy would do on hardware you do not own (PREDICTIONS).
 
 Everything here is predicted from a handful of numbers about a model and a cluster, and
-labelled so wherever it is shown. Framework-free: no torch, no tensorflow.
+labelled so wherever it is shown. Framework-free: no torch, no tensorflow. Modules:
+``costs`` (layers and their seconds), ``engine`` (ranks' programs run on paper),
+``timelines`` (one function per strategy; ``servers``: lab 06's; ``strategies``: by
+name), ``memory``, ``clusters`` (presets with
+their sources), ``published`` (checks against papers), ``model`` (the summary model).
 
 Inputs
-    ``Network``     a model as layers: ``Network.mlp(sizes)``, ``Network.transformer(...)``
+    ``Network``     a model as layers: ``Network.mlp(sizes, optimizer="sgd")``,
+                    ``Network.transformer(name, layers, hidden, heads, seq, vocab)``
     ``Cluster``     devices (memory, sustained FLOP/s and memory bandwidth, a fixed cost
-                    per layer pass) and their links (``Link``: alpha-beta); presets in
-                    ``clusters``: ``this_machine(...)``, ``t4_pcie()``, ``a100_nvlink()``,
-                    ``h100_nvlink()``, ``h100_infiniband(nodes)``; ``calibrated(...)``
-    costs           a layer pass's seconds: ``Roofline(net, cluster)`` (default) or
-                    ``Measured`` (``Measured.from_timeline({batch: timeline}, net)``)
+                    per layer pass, the wake-up of a blocked rank on a busy CPU) and their
+                    links (``Link``: alpha-beta), intra- and inter-node. Presets:
+                    ``t4_pcie()``, ``a100_nvlink()``, ``h100_nvlink()``,
+                    ``h100_infiniband(nodes)``, ``v100_dgx2h()``, ``gpu_presets()``; this
+                    machine: ``parlab.experiments.measure_this_machine()`` (one launch:
+                    lab 00's link sweep and lab 01's step) or ``this_machine(calibration)``
+    costs           a layer pass's seconds: ``Roofline(net, cluster)`` (the default:
+                    max(flops / rate, bytes / bandwidth) + a fixed cost) or ``Measured``
+                    (``Measured.from_timeline({batch: single-device timeline}, net)``)
 
-Predicted timelines (``parlab.trace.Timeline`` subclass ``PredictedTimeline``, with
-``predicted = True``, ``step_s``, ``notes``; ``plot.timeline`` draws them dotted):
-    ``single_device``, ``manual_split``, ``tensor_parallel`` (naive / column_row),
-    ``pipeline`` (gpipe / 1f1b / interleaved), ``data_parallel`` (buckets, overlap),
-    ``parameter_server`` (sync / async, slow workers), ``hybrid`` (dp × tp, dp × pp);
-    ``timeline(name, net, cluster, batch, **options)`` dispatches by name.
+Predicted timelines: ``PredictedTimeline``, a ``parlab.trace.Timeline`` with
+``predicted = True``, ``title``, ``step_s`` and ``notes``; the measured runs' span names
+("forward", "backward", "update"; "F3"/"B3"), so ``plot.timeline`` (which draws it
+dotted and titled "predicted") and ``summary()`` work as on a measurement. Every one
+takes ``(net, cluster, batch, ..., steps=1, costs=None)``:
+    ``single_device``                                      lab 01
+    ``manual_split(devices=2, bounds=None)``               lab 02
+    ``tensor_parallel(devices=2, scheme="column_row" | "naive")``   lab 03
+    ``pipeline(stages=2, micro_batches=4, schedule="gpipe" | "1f1b" | "interleaved",
+               chunks=2)``                                 lab 04
+    ``data_parallel(devices=2, buckets=1 | n | "per_tensor", overlap=True)``   lab 05
+    ``parameter_server(workers=2, mode="sync" | "async", slow={rank: factor})``  lab 06
+    ``hybrid(dp=2, tp=1, pp=1, micro_batches=4)``          lab 07
+    ``timeline(name, net, cluster, batch, **options)`` dispatches by name (``STRATEGIES``).
 
 Memory per device (no ZeRO): ``memory(net, batch, dp=, tp=, pp=, micro_batches=,
 schedule=, cluster=)`` -> the busiest device's ``Memory`` (params, grads, optimizer,
 activations, capacity; ``fits``; ``check()`` raises ``DoesNotFit`` naming what to change);
 ``memory_per_device`` (one per stage), ``parameter_server_memory``.
 
-Checked against papers: ``published.checks()`` (GPipe, Megatron-LM, nccl-tests).
+Checked against papers: ``published.checks()`` / ``published.lines()`` (GPipe Table 2,
+Megatron-LM's 8-way weak scaling, nccl-tests' bus bandwidth); against this machine:
+``python -m parlab bench --only sim``.
 
-The older summary model stays: ``Workload``, ``Plan``, ``predict`` -> ``Prediction``,
-``plans``, ``calibrated``, ``with_links``, ``h100_nodes``, ``presets`` (lab 07), and the
-closed forms ``send_s``, ``all_reduce_s``, ``bubble``.
+The summary model of lab 07 stays: ``Workload``, ``Plan``, ``predict`` -> ``Prediction``,
+``plans``, ``calibrated``, ``with_links``, ``h100_nodes``, ``presets``, and the closed
+forms ``send_s``, ``all_reduce_s``, ``bubble``.
 """
 from . import clusters, published
 from .clusters import (a100_nvlink, gpu_presets, h100_infiniband, h100_nvlink, t4_pcie,
-                       this_machine)
+                       this_machine, v100_dgx2h)
 from .costs import Layer, Measured, Network, Roofline
 from .engine import Deadlock, PredictedTimeline
-from .model import (AXES, Cluster, Link, Plan, Prediction, Workload, all_reduce_s, bubble,
-                    calibrated, h100_nodes, plans, predict, presets, send_s, with_links)
 from .memory import DoesNotFit, Memory, memory, memory_per_device, parameter_server_memory
-from .timelines import (STRATEGIES, all_gather_s, data_parallel, hybrid, manual_split,
-                        parameter_server, pipeline, single_device, tensor_parallel, timeline)
+from .model import (AXES, Cluster, Link, Plan, Prediction, Workload, all_reduce_s, bubble,
+                    calibrated, h100_nodes, measured_link, plans, predict, presets, send_s,
+                    with_links)
+from .servers import parameter_server
+from .strategies import STRATEGIES, timeline
+from .timelines import (all_gather_s, data_parallel, hybrid, manual_split, pipeline,
+                        single_device, tensor_parallel)
 
-__all__ = sorted([
-    "AXES", "Cluster", "Deadlock", "DoesNotFit", "Layer", "Memory", "a100_nvlink", "clusters",
-    "gpu_presets", "h100_infiniband", "h100_nvlink", "memory", "memory_per_device",
-    "parameter_server_memory", "published", "t4_pcie", "this_machine", "Link", "Measured", "Network", "Plan",
-    "PredictedTimeline", "Prediction", "Roofline", "STRATEGIES", "Workload", "all_gather_s",
-    "all_reduce_s", "bubble", "calibrated", "data_parallel", "h100_nodes", "hybrid",
-    "manual_split", "parameter_server", "pipeline", "plans", "predict", "presets", "send_s",
-    "single_device", "tensor_parallel", "timeline", "with_links",
-])
+__all__ = [
+    "AXES", "Cluster", "Deadlock", "DoesNotFit", "Layer", "Link", "Measured", "Memory",
+    "Network", "Plan", "PredictedTimeline", "Prediction", "Roofline", "STRATEGIES", "Workload",
+    "a100_nvlink", "all_gather_s", "all_reduce_s", "bubble", "calibrated", "clusters",
+    "data_parallel", "gpu_presets", "h100_infiniband", "h100_nodes", "h100_nvlink", "hybrid",
+    "manual_split", "measured_link", "memory", "memory_per_device", "parameter_server",
+    "parameter_server_memory", "pipeline", "plans", "predict", "presets", "published", "send_s",
+    "single_device", "t4_pcie", "tensor_parallel", "this_machine", "timeline", "v100_dgx2h",
+    "with_links",
+]

@@ -223,6 +223,8 @@ class Measured:
             intercepts = [_intercept(batches, [phases[b][p] for b in batches])
                           for p in ("forward", "backward")]
             fixed = max(sum(intercepts) / (2 * len(net)), 0.0)
+            # noise can make the intercept exceed a measured pass: keep both parts >= 0
+            fixed = min(fixed, min(phases[ref]["forward"], phases[ref]["backward"]) / len(net))
         weights = _layer_weights(net, cluster, ref)
         share = [w / sum(weights) for w in weights]
         n = len(net)

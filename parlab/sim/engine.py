@@ -10,6 +10,16 @@ starts when the last one arrives (a rendezvous), as ``trace.split_waits`` reads 
 measured timelines. If every rank is blocked before the end, the programs deadlock and
 the engine says where.
 
+``wake_s``: on an oversubscribed CPU a rank that blocked (it sleeps in the kernel)
+runs again only when the scheduler gives it a core back; a message that a rank had to
+wait for therefore ends that much later for it (counted as waiting), and so does every
+collective (its members, descheduled at random, never arrive together: one always
+blocks). On a GPU, where NCCL spins, it is 0.
+
+``cores``: simulated devices on a CPU share its cores. When more ranks compute at once
+than there are cores, each computes at cores / computing of its speed (processor
+sharing, as a fair scheduler gives), so the engine runs in time order, event by event.
+
 Consecutive compute operations with the same name become one span, enclosing the
 transfers between them, as a measured ``with span("forward"):`` encloses the
 tensor-parallel all-reduces it calls.
@@ -100,9 +110,14 @@ class PredictedTimeline(Timeline):
 
 
 def run(programs: list[list], labels: dict | None = None, *, steps: int = 1,
-        notes: dict | None = None) -> PredictedTimeline:
-    """Every rank's program on one clock, as a predicted timeline (see the module doc)."""
-    sim = _Engine(programs)
+        notes: dict | None = None, wake_s: float = 0.0, cores: int = 0) -> PredictedTimeline:
+    """Every rank's program on one clock, as a predicted timeline (see the module doc).
+
+    cores: how many processors the ranks share (0: each rank has its own, as GPUs do).
+    With fewer cores than ranks computing at once, each computes at cores / computing
+    of its speed (the operating system shares them fairly: processor sharing).
+    """
+    sim = _Engine(programs, wake_s, cores)
     sim.run()
     return PredictedTimeline(_merge_compute(sim.spans), labels,
                              range(len(programs)) if labels is None else None,
@@ -110,106 +125,164 @@ def run(programs: list[list], labels: dict | None = None, *, steps: int = 1,
 
 
 class _Engine:
-    def __init__(self, programs):
+    """Runs the programs in time order, event by event.
+
+    At each moment every rank that is free starts what its next operation allows: a
+    compute (work left, done at the shared rate), a transfer (a fixed time), or nothing
+    (it waits for a peer). Then time moves to the next moment something ends.
+    """
+
+    def __init__(self, programs, wake_s: float = 0.0, cores: int = 0):
         self.programs = programs
+        self.wake_s, self.cores = wake_s, cores
         self.n = len(programs)
-        self.clock = [0.0] * self.n
+        self.now = 0.0
         self.pos = [0] * self.n
         self.spans: list[Span] = []
+        self.arrived_at = [0.0] * self.n          # when the rank reached its current op
+        self.work: dict[int, tuple[float, float, str]] = {}   # computing: (start, left, name)
+        self.busy_until: dict[int, float] = {}    # in a transfer (or a wait) until
         self.sends: dict[tuple, tuple] = {}       # (src, dst, k) -> (post time, send op)
         self.recvs: dict[tuple, float] = {}       # (src, dst, k) -> arrival of the receive
         self.pairs: dict[tuple, int] = {}         # (src, dst, "s" | "r") -> next k
-        self.posted: dict[tuple, bool] = {}       # (rank, position): its send was posted
+        self.posted: dict[tuple, int] = {}        # (rank, position) -> its number
         self.arrived: dict[tuple, dict] = {}      # collective key -> {rank: arrival}
         self.seq: dict[tuple, int] = {}           # (rank, group, background) -> next k
+        self.resolved: set = set()                # background collectives already run
         self.lane_free = [0.0] * self.n           # background lane of each rank
         self.pending: dict[int, int] = {}         # rank -> background collectives unresolved
 
+    # -- the loop
     def run(self) -> None:
-        while any(self.pos[r] < len(self.programs[r]) for r in range(self.n)):
+        while True:
+            self._start_what_can_start()
+            if not self.work and not self.busy_until:
+                if any(self.pos[r] < len(self.programs[r]) for r in range(self.n)):
+                    stuck = [f"rank {r} at {self.programs[r][self.pos[r]]}" for r in range(self.n)
+                             if self.pos[r] < len(self.programs[r])]
+                    raise Deadlock("these programs deadlock: " + "; ".join(stuck))
+                return
+            self._advance()
+
+    def _rate(self) -> float:
+        computing = len(self.work)
+        return 1.0 if not self.cores or computing <= self.cores else self.cores / computing
+
+    def _advance(self) -> None:
+        rate = self._rate()
+        ends = [self.now + left / rate for _, left, _ in self.work.values()]
+        ends += list(self.busy_until.values())
+        t = max(min(ends), self.now)
+        for r, (start, left, name) in list(self.work.items()):
+            left -= (t - self.now) * rate
+            if left <= 1e-15 * max(1.0, t):
+                del self.work[r]
+                self._span(r, COMPUTE, name, start, t)
+                self._next(r, t)
+            else:
+                self.work[r] = (start, left, name)
+        for r, until in list(self.busy_until.items()):
+            if until <= t:
+                del self.busy_until[r]
+                self._next(r, t)
+        self.now = t
+
+    def _next(self, r: int, t: float) -> None:
+        self.pos[r] += 1
+        self.arrived_at[r] = t
+
+    def _start_what_can_start(self) -> None:
+        progressed = True
+        while progressed:
             progressed = False
             for r in range(self.n):
-                while self.pos[r] < len(self.programs[r]) and self._step(r, self.programs[r][self.pos[r]]):
-                    self.pos[r] += 1
+                while (r not in self.work and r not in self.busy_until
+                       and self.pos[r] < len(self.programs[r])):
+                    op = self.programs[r][self.pos[r]]
+                    result = getattr(self, f"_{type(op).__name__.lower()}")(r, op)
+                    if result is None:              # blocked: try again later
+                        break
                     progressed = True
-            if not progressed:
-                stuck = [f"rank {r} at {self.programs[r][self.pos[r]]}" for r in range(self.n)
-                         if self.pos[r] < len(self.programs[r])]
-                raise Deadlock("these programs deadlock: " + "; ".join(stuck))
+                    if result is True:              # done at once (a post)
+                        self._next(r, self.now)
 
     def _span(self, rank, kind, name, start, end, nbytes=0, peer=None, axis=None):
         if end > start or kind == COMM:
             self.spans.append(Span(rank, kind, name, start, end, int(nbytes), peer, axis))
 
-    def _step(self, r: int, op) -> bool:
-        return getattr(self, f"_{type(op).__name__.lower()}")(r, op)
+    def _occupy(self, r: int, until: float) -> str:
+        self.busy_until[r] = until
+        return "busy"
 
-    def _compute(self, r, op: Compute) -> bool:
-        t = self.clock[r]
-        self._span(r, COMPUTE, op.name, t, t + op.seconds)
-        self.clock[r] = t + op.seconds
-        return True
+    # -- operations: None (blocked), True (done now) or "busy" (started)
+    def _compute(self, r, op: Compute):
+        if op.seconds <= 0:
+            return True
+        self.work[r] = (self.now, op.seconds, op.name)
+        return "busy"
 
-    def _pair_key(self, src, dst, role, r) -> tuple:
+    def _number(self, r: int, counter: dict, key: tuple) -> int:
+        """The op's sequence number among its kind, taken once, on first visit."""
         mark = (r, self.pos[r])
-        if mark not in self.posted:                 # first visit: take the next number
-            k = self.pairs.get((src, dst, role), 0)
-            self.pairs[(src, dst, role)] = k + 1
-            self.posted[mark] = k
-        return (src, dst, self.posted[mark])
+        if mark not in self.posted:
+            self.posted[mark] = counter.get(key, 0)
+            counter[key] = self.posted[mark] + 1
+        return self.posted[mark]
 
-    def _send(self, r, op: Send) -> bool:
-        key = self._pair_key(r, op.peer, "s", r)
-        self.sends.setdefault(key, (self.clock[r], op))
+    def _send(self, r, op: Send):
+        key = (r, op.peer, self._number(r, self.pairs, (r, op.peer, "s")))
+        self.sends.setdefault(key, (self.now, op))
         if not op.blocking:
             return True
         if key not in self.recvs:
-            return False
-        start = max(self.clock[r], self.recvs[key])
-        self._transfer(r, op.name, start, op, op.peer)
-        return True
+            return None
+        return self._transfer(r, op.name, max(self.arrived_at[r], self.recvs[key]), op, op.peer)
 
-    def _recv(self, r, op: Recv) -> bool:
-        key = self._pair_key(op.peer, r, "r", r)
-        self.recvs.setdefault(key, self.clock[r])
+    def _recv(self, r, op: Recv):
+        key = (op.peer, r, self._number(r, self.pairs, (op.peer, r, "r")))
+        self.recvs.setdefault(key, self.arrived_at[r])
         if key not in self.sends:
-            return False
+            return None
         post, send = self.sends[key]
-        self._transfer(r, op.name, max(post, self.clock[r]), send, op.peer)
-        return True
+        return self._transfer(r, op.name, max(post, self.arrived_at[r]), send, op.peer)
 
-    def _transfer(self, r, name, start, send: Send, peer) -> None:
-        self._span(r, WAIT, name, self.clock[r], start, peer=peer, axis=send.axis)
+    def _transfer(self, r, name, start, send: Send, peer) -> str:
+        arrived = self.arrived_at[r]
+        if start > arrived:                  # it blocked: it resumes when scheduled again
+            start += self.wake_s
+        self._span(r, WAIT, name, arrived, start, peer=peer, axis=send.axis)
         self._span(r, COMM, name, start, start + send.seconds, send.nbytes, peer, send.axis)
-        self.clock[r] = start + send.seconds
+        return self._occupy(r, start + send.seconds)
 
-    def _collective(self, r, op: Collective) -> bool:
-        mark = (r, self.pos[r])
-        if mark not in self.posted:
-            k = self.seq.get((r, op.group, op.background), 0)
-            self.seq[(r, op.group, op.background)] = k + 1
-            self.posted[mark] = k
-            self.arrived.setdefault((op.group, op.background, k), {})[r] = self.clock[r]
+    def _collective(self, r, op: Collective):
+        k = self._number(r, self.seq, (r, op.group, op.background))
+        key = (op.group, op.background, k)
+        arrivals = self.arrived.setdefault(key, {})
+        if r not in arrivals:
+            arrivals[r] = self.arrived_at[r]
             if op.background:
                 self.pending[r] = self.pending.get(r, 0) + 1
-        key = (op.group, op.background, self.posted[mark])
-        arrivals = self.arrived[key]
         if op.background:
-            if len(arrivals) == len(op.group) and key not in self.arrived.get("done", {}):
+            if len(arrivals) == len(op.group) and key not in self.resolved:
+                self.resolved.add(key)
                 self._resolve_background(op, arrivals)
-                self.arrived.setdefault("done", {})[key] = True
             return True
         if len(arrivals) < len(op.group):
-            return False
-        start = max(arrivals.values())
-        self._span(r, WAIT, op.name, self.clock[r], start, axis=op.axis)
+            return None
+        start = self._collective_start(arrivals.values())
+        self._span(r, WAIT, op.name, arrivals[r], start, axis=op.axis)
         self._span(r, COMM, op.name, start, start + op.seconds, op.nbytes, axis=op.axis)
-        self.clock[r] = start + op.seconds
-        return True
+        return self._occupy(r, start + op.seconds)
+
+    def _collective_start(self, ready) -> float:
+        """When the last member is there, plus one wake-up: on a busy CPU the members never
+        arrive together (each is descheduled at random), so one always blocked."""
+        return max(ready) + self.wake_s
 
     def _resolve_background(self, op: Collective, arrivals: dict) -> None:
         """All members posted: the collective runs when the last has, and every lane is free."""
-        start = max([*arrivals.values(), *(self.lane_free[m] for m in op.group)])
+        start = self._collective_start([*arrivals.values(),
+                                        *(self.lane_free[m] for m in op.group)])
         for m in op.group:
             lane = self.n + m
             self._span(lane, WAIT, op.name, max(arrivals[m], self.lane_free[m]), start, axis=op.axis)
@@ -217,13 +290,14 @@ class _Engine:
             self.lane_free[m] = start + op.seconds
             self.pending[m] -= 1
 
-    def _join(self, r, op: Join) -> bool:
+    def _join(self, r, op: Join):
         if self.pending.get(r, 0):
-            return False
-        t = self.clock[r]
-        self._span(r, WAIT, op.name, t, max(t, self.lane_free[r]))
-        self.clock[r] = max(t, self.lane_free[r])
-        return True
+            return None
+        t = self.arrived_at[r]
+        if self.lane_free[r] <= t:
+            return True
+        self._span(r, WAIT, op.name, t, self.lane_free[r])
+        return self._occupy(r, self.lane_free[r])
 
 
 def _merge_compute(spans: list[Span]) -> list[Span]:

@@ -1,4 +1,7 @@
-"""A small cost model: which strategies fit in memory, and how long a step would take.
+"""The summary cost model (lab 07): which plans fit in memory, how long a step would take.
+
+One number per part of a step (compute, bubble, tp, pp, dp) rather than a timeline
+(``sim.timelines`` draws those); the links, clusters and closed forms here serve both.
 
 Everything here is a PREDICTION, from a handful of numbers about a model and a cluster;
 labs print and plot it labelled as such, next to what was measured where they can.
@@ -79,6 +82,8 @@ class Cluster:
     inter: Link                     # between nodes
     collective_overhead_s: float = 0.0   # software cost of one collective call
     memory_bandwidth_Bps: float = math.inf   # sustained, per device: the roofline's slope
+    wake_latency_s: float = 0.0     # a rank that blocked on a peer resumes this late (CPU)
+    cores: int = 0                  # processors the devices share (0: each its own, GPUs)
 
     def link(self, group_span: int) -> Link:
         """The link a group uses when it spans ``group_span`` consecutive devices."""
@@ -283,16 +288,25 @@ def calibrated(measured: dict, sizes, *, name: str = "this machine", devices: in
     slope = (sum((x - mx) * (y - my) for x, y in zip(xs, ys))
              / max(sum((x - mx) ** 2 for x in xs), 1e-30))
     intercept = my - slope * mx
-    sends = measured["send"]
-    fit = fit_link(list(sends), list(sends.values()))
-    link = Link(fit.latency_s, fit.bandwidth_Bps)
-    pairs = measured["all_reduce"][2]
-    extra = sorted(t - all_reduce_s(size, 2, link) for size, t in pairs.items())
-    overhead = max(extra[len(extra) // 2], 0.0)
+    link, overhead = measured_link(measured["send"], measured["all_reduce"][2])
     return Cluster(name, devices, memory_bytes, flops=1 / max(slope, 1e-30),
                    layer_overhead_s=max(intercept, 0.0) / (2 * w.layers),
                    devices_per_node=devices, intra=link, inter=link,
                    collective_overhead_s=overhead)
+
+
+def measured_link(sends: dict, pair_all_reduces: dict) -> tuple[Link, float]:
+    """(link, collective overhead) from message times measured here (``calibrated``).
+
+    sends: {bytes: seconds of one message}: a straight line alpha + S / beta through
+    them (``metrics.fit_link``). pair_all_reduces: {bytes: seconds of an all-reduce of
+    two ranks}: what each costs beyond the ring model on that link, the median over the
+    sizes, is the library's own work per call.
+    """
+    fit = fit_link(list(sends), list(sends.values()))
+    link = Link(fit.latency_s, fit.bandwidth_Bps)
+    extra = sorted(t - all_reduce_s(size, 2, link) for size, t in pair_all_reduces.items())
+    return link, max(extra[len(extra) // 2], 0.0)
 
 
 def with_links(c: Cluster, *, intra: Link | None = None, inter: Link | None = None,

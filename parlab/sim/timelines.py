@@ -14,7 +14,7 @@ beside its measurement. Every one takes:
     costs    where the seconds of a layer's pass come from: ``Roofline(net, cluster)``
              (the default) or ``Measured`` (e.g. ``Measured.from_timeline``)
 
-Strategies (``timeline(name, ...)`` dispatches by name, see ``STRATEGIES``):
+Strategies (``sim.timeline(name, ...)`` dispatches by name, see ``sim.strategies``):
 
     single_device(net, cluster, batch)
     manual_split(net, cluster, batch, devices=2, bounds=None)       lab 02
@@ -23,7 +23,7 @@ Strategies (``timeline(name, ...)`` dispatches by name, see ``STRATEGIES``):
              schedule="gpipe" | "1f1b" | "interleaved", chunks=2)  lab 04
     data_parallel(net, cluster, batch, devices=2, buckets=1, overlap=True)   lab 05
     parameter_server(net, cluster, batch, workers=2, mode="sync" | "async",
-                     slow={worker: factor})                          lab 06
+                     slow={worker: factor})                in sim.servers, lab 06
     hybrid(net, cluster, batch, dp=2, tp=1, pp=1, micro_batches=4)   lab 07
 
 Ranks are laid out as in ``parlab.grid`` (dp outermost, then pp, then tp fastest), and
@@ -38,7 +38,6 @@ from ..splitting import balance, check_bounds
 from .costs import Network, Roofline
 from .engine import Collective, Compute, Join, PredictedTimeline, Recv, Send, run
 from .model import Cluster, all_reduce_s, send_s
-from ..trace import COMM, COMPUTE, WAIT, Span
 
 SCHEMES = ("column_row", "naive")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -85,6 +84,8 @@ class _Mesh:
         span = {"tp": tp, "pp": pp * tp, "dp": self.size}
         self.link = {a: cluster.link(span[a]) for a in span}
         self.overhead = cluster.collective_overhead_s
+        self.wake = getattr(cluster, "wake_latency_s", 0.0)
+        self.cores = getattr(cluster, "cores", 0)
 
     def rank(self, d: int, s: int, t: int) -> int:
         return (d * self.pp + s) * self.tp + t
@@ -202,6 +203,12 @@ def _buckets(net: Network, layers: range, shard_params, buckets) -> list[tuple[i
 def _programs(net, cluster, costs, batch, *, dp=1, tp=1, pp=1, micro_batches=1,
               schedule="gpipe", scheme="column_row", bounds=None, buckets=1, overlap=True,
               chunks=1, steps=1, blocking=False, phase_names=None):
+    """Every rank's program for ``steps`` steps of a dp × pp × tp mesh, and the mesh.
+
+    Each rank runs its stage's schedule (one F and one B when there is no pipeline),
+    its layers sliced over tp, then averages its gradients over dp and updates the
+    parameters it holds. Every strategy but the parameter server is a case of this.
+    """
     mesh = _Mesh(cluster, dp, pp, tp)
     replica = _divides(batch, dp, "data-parallel replicas")
     mb = _divides(replica, micro_batches, "micro-batches")
@@ -215,7 +222,6 @@ def _programs(net, cluster, costs, batch, *, dp=1, tp=1, pp=1, micro_batches=1,
             for s in range(pp):
                 for t in range(tp):
                     r = mesh.rank(d, s, t)
-                    group = mesh.tp_group(d, s)
                     parts = [_Stage(net, costs, cuts[c * pp + s], mesh, scheme) for c in range(chunks)]
                     for kind, i, c in ops_of[s]:
                         progs[r] += _pipeline_op(kind, i, c, s, parts[c], mesh, d, t, pp, chunks,
@@ -371,7 +377,8 @@ def _labels(mesh: _Mesh, background: bool) -> dict:
 
 
 def _run(progs, mesh, steps, notes, background=False) -> PredictedTimeline:
-    return run(progs, _labels(mesh, background), steps=steps, notes=notes)
+    return run(progs, _labels(mesh, background), steps=steps, notes=notes, wake_s=mesh.wake,
+               cores=mesh.cores)
 
 
 def _costs(net, cluster, costs):
@@ -474,125 +481,3 @@ def hybrid(net: Network, cluster: Cluster, batch: int, *, dp: int = 2, tp: int =
     shape = " × ".join(f"{a} {n}" for a, n in (("dp", dp), ("pp", pp), ("tp", tp)) if n > 1)
     return _run(progs, mesh, steps, _notes(f"hybrid {shape or 'one device'}", net, cluster,
                                            costs), background=overlap and dp > 1)
-
-
-def parameter_server(net: Network, cluster: Cluster, batch: int, *, workers: int = 2,
-                     mode: str = "sync", slow: dict | None = None, steps: int = 3,
-                     costs=None) -> PredictedTimeline:
-    """Lab 06: rank 0 serves the parameters, ranks 1.. are workers on batch / workers.
-
-    sync: the server waits for every worker's gradients (in rank order), sums them,
-    updates, and sends the new parameters to each. async: it serves pushes as they come,
-    updates with each alone and sends that worker fresh parameters; a slow worker
-    (``slow={rank: factor}``, its compute ``factor`` times longer) no longer holds the
-    others up. steps: sync updates; async: the server applies steps × workers gradients.
-    """
-    if mode not in ("sync", "async"):
-        raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
-    batch, steps, workers = _whole(batch, "batch"), _whole(steps, "steps"), _whole(workers, "workers")
-    slow = {int(r): float(f) for r, f in (slow or {}).items()}
-    if any(r not in range(1, workers + 1) or f < 1 for r, f in slow.items()):
-        raise ValueError(f"slow={slow}: keys must be worker ranks 1..{workers}, factors >= 1")
-    costs = _costs(net, cluster, costs)
-    mesh = _Mesh(cluster, workers + 1, 1, 1)
-    per = _divides(batch, workers, "workers")
-    p = net.params
-    t_params = send_s(p * net.state["params"], mesh.link["dp"])
-    t_grads = send_s(p * net.grad_wire_bytes, mesh.link["dp"])
-    fwd = sum(costs.forward_s(i, per) for i in range(len(net)))
-    bwd = sum(costs.backward_s(i, per) for i in range(len(net)))
-    update = costs.update_s(p)
-    add = p * net.grad_wire_bytes * 3 / cluster.memory_bandwidth_Bps + cluster.layer_overhead_s
-    sim = _ps_sync if mode == "sync" else _ps_async
-    spans = sim(workers, steps, slow, fwd, bwd, update, add, t_params, t_grads,
-                p * net.state["params"], p * net.grad_wire_bytes)
-    labels = {0: "server (predicted)", **{w: f"worker {w} (predicted)" for w in range(1, workers + 1)}}
-    return PredictedTimeline(spans, labels, steps=steps,
-                             notes=_notes(f"parameter server, {mode}", net, cluster, costs,
-                                          slow=slow))
-
-
-def _ps_sync(workers, steps, slow, fwd, bwd, update, add, t_params, t_grads, pbytes, gbytes):
-    progs = [[] for _ in range(workers + 1)]
-    ws = range(1, workers + 1)
-    for w in ws:
-        progs[0].append(Send(w, pbytes, t_params, "send params", None, True))
-    for _ in range(steps):
-        for w in ws:
-            f = slow.get(w, 1.0)
-            progs[w] += [Recv(0, pbytes, "pull params"), Compute("forward", fwd * f),
-                         Compute("backward", bwd * f), Send(0, gbytes, t_grads, "push gradients")]
-        for w in ws:
-            progs[0] += [Recv(w, gbytes, "receive gradients"), Compute("sum gradients", add)]
-        progs[0].append(Compute("apply update", update))
-        for w in ws:
-            progs[0].append(Send(w, pbytes, t_params, "send params", None, True))
-    for w in ws:
-        progs[w].append(Recv(0, pbytes, "pull params"))
-    from .engine import _Engine
-    eng = _Engine(progs)
-    eng.run()
-    from .engine import _merge_compute
-    return _merge_compute(eng.spans)
-
-
-def _ps_async(workers, steps, slow, fwd, bwd, update, add, t_params, t_grads, pbytes, gbytes):
-    """The server takes pushes in the order they are ready (first come, first served).
-
-    A worker's push is non-blocking: once its backward is done it waits for the
-    server, which receives the gradients, updates, and sends that worker parameters.
-    """
-    spans: list[Span] = []
-    server_free = 0.0
-    ready = {}                                  # worker -> when its gradients are ready
-    for w in range(1, workers + 1):            # the first pull, in rank order
-        _pull(spans, w, 0.0, server_free, t_params, pbytes)
-        server_free += t_params
-        ready[w] = _work(spans, w, server_free, fwd, bwd, slow.get(w, 1.0))
-    for _ in range(steps * workers):
-        w = min(ready, key=lambda k: (ready[k], k))
-        pushed = ready.pop(w)
-        if pushed > server_free:
-            spans.append(Span(0, WAIT, "wait for push", server_free, pushed))
-        t = max(server_free, pushed)
-        spans.append(Span(0, COMM, "receive gradients", t, t + t_grads, int(gbytes), w))
-        spans.append(Span(w, WAIT, "wait for server", pushed, t))
-        spans.append(Span(w, COMM, "push gradients", t, t + t_grads, int(gbytes), 0))
-        t += t_grads
-        spans.append(Span(0, COMPUTE, "apply update", t, t + update))
-        t += update
-        _pull(spans, w, t - update, t, t_params, pbytes)
-        server_free = t + t_params
-        ready[w] = _work(spans, w, server_free, fwd, bwd, slow.get(w, 1.0))
-    return spans
-
-
-def _pull(spans, w, waiting_from, t, t_params, pbytes) -> None:
-    """The server sends worker w the parameters at t; w waits for them from ``waiting_from``."""
-    spans.append(Span(0, COMM, "send params", t, t + t_params, int(pbytes), w))
-    spans.append(Span(w, WAIT, "wait for server", waiting_from, t))
-    spans.append(Span(w, COMM, "pull params", t, t + t_params, int(pbytes), 0))
-
-
-def _work(spans, w, t, fwd, bwd, factor) -> float:
-    """A worker's forward and backward from ``t``; when its gradients are ready."""
-    spans.append(Span(w, COMPUTE, "forward", t, t + fwd * factor))
-    t += fwd * factor
-    spans.append(Span(w, COMPUTE, "backward", t, t + bwd * factor))
-    return t + bwd * factor
-
-
-STRATEGIES = {"single_device": single_device, "manual_split": manual_split,
-              "tensor_parallel": tensor_parallel, "pipeline": pipeline,
-              "data_parallel": data_parallel, "parameter_server": parameter_server,
-              "hybrid": hybrid}
-
-
-def timeline(strategy: str, net: Network, cluster: Cluster, batch: int, **options
-             ) -> PredictedTimeline:
-    """``timeline("pipeline", net, cluster, 64, stages=4, schedule="1f1b")``: by name."""
-    try:
-        fn = STRATEGIES[strategy]
-    except KeyError:
-        raise ValueError(f"strategy must be one of {sorted(STRATEGIES)}, got {strategy!r}") from None
-    return fn(net, cluster, batch, **options)
