@@ -409,13 +409,14 @@ def _checkbox(description: str, value: bool):
 
 
 # ------------------------------------------------------------------ lab 06
-def parameter_server_explorer(here, measured=None, net=None, *, global_batch: int = 64):
+def parameter_server_explorer(here, measured=None, net=None, *, per_worker: int = 32):
     """Lab 06: a parameter server and n workers, one of them slower (PREDICTED).
 
     here: this machine as the lab calibrated it; measured: the per-layer costs of the
     lab's model measured here (``sim.Measured``); net: that model (``sim.Network``, e.g.
-    ``experiments.network_of(models.cnn(), (1, 8, 8))``). Throughput counts the
-    gradients the server applies per second. "measure it here" runs
+    ``experiments.network_of(models.cnn(), (1, 8, 8))``). Every worker takes
+    ``per_worker`` samples a step (lab 06: 2 workers, global batch 64), whatever their
+    number. Throughput counts the gradients the server applies per second. "measure it here" runs
     ``parameter_server.train_parameter_server`` with the lab's CNN (at most 3 workers).
     """
     from . import sim
@@ -423,7 +424,7 @@ def parameter_server_explorer(here, measured=None, net=None, *, global_batch: in
     def predicted(workers, slow, mode, cluster, steps):
         c = cluster_for(cluster, workers + 1, here)
         costs = measured if cluster == HERE else None
-        return sim.parameter_server(net, c, global_batch, workers=workers, mode=mode,
+        return sim.parameter_server(net, c, per_worker * workers, workers=workers, mode=mode,
                                     slow={workers: slow} if slow > 1 else None, steps=steps,
                                     costs=costs)
 
@@ -445,7 +446,7 @@ def parameter_server_explorer(here, measured=None, net=None, *, global_batch: in
         from .torch import parameter_server as ps
         _only_here(cluster, workers + 1)
         run = launch(ps.train_parameter_server, workers + 1, kwargs=dict(
-            mode=mode, model="cnn", global_batch=global_batch, steps=30, lr=0.2,
+            mode=mode, model="cnn", global_batch=per_worker * workers, steps=30, lr=0.2,
             slow={workers: slow} if slow > 1 else None))
         tl = run.timeline
         mid = tl.start + tl.duration / 2
