@@ -436,7 +436,12 @@ def _link_from_fit(fit, n: int, collective: bool):
 def this_machine(link, *, flops: float, layer_overhead_s: float = 0.0, devices: int = 4,
                  name: str = "this machine (calibrated in this lab)"):
     """A ``sim.Cluster`` for this machine from what a lab measured: one link for every
-    pair (loopback), a sustained rate for compute and a fixed cost per layer pass."""
+    pair (loopback), a sustained rate for compute and a fixed cost per layer pass.
+
+    Every device gets a processor of its own (``cores`` left at 0), on purpose: the labs
+    set this prediction beside a measurement of simulated devices that share a few
+    cores, and the difference between the two is what they discuss. (``sim`` can share
+    cores: ``dataclasses.replace(cluster, cores=2)``.)"""
     from . import sim
     return sim.Cluster(name, devices, 8e9, flops=flops, layer_overhead_s=layer_overhead_s,
                        devices_per_node=devices, intra=link, inter=link)
