@@ -134,6 +134,16 @@ def step_seconds(timeline, marker: str, skip: int = 2) -> float:
     return float(np.median([b - a for a, b in windows]))
 
 
+def typical_step(timeline, marker: str = "forward", skip: int = 2):
+    """The median step after the first ``skip`` (start-up), cut at ``marker`` on the first
+    rank: a step as it usually goes, to set beside a prediction (steps jitter here)."""
+    windows = timeline.step_windows(marker)[skip:-1] or timeline.step_windows(marker)[skip:]
+    if not windows:
+        raise ValueError(f"too few steps to choose from: run more than {skip + 1}")
+    start, end = sorted(windows, key=lambda w: w[1] - w[0])[len(windows) // 2]
+    return timeline.window(start, end)
+
+
 def quickest_step(timeline, marker: str = "forward", skip: int = 2):
     """The quickest complete step after the first ``skip``: the one least disturbed by
     whatever else the machine was doing, which shows a step's structure most plainly.
@@ -272,147 +282,6 @@ def plot_step_parts(entries, *, title: str, ax=None, unit: str = "ms"):
         fig.tight_layout()
         plt.close(fig)
     return fig
-
-
-def strategy_explorer(here=None, *, global_batches=None):
-    """Choose a model, a cluster and a mesh shape: the PREDICTED step and memory at once.
-
-    here: the cluster calibrated on this machine (``survey_hybrid(...)["cluster"]``); with
-    it, "measure it here" runs the chosen dp × tp or dp × pp shape of the lab's MLP on
-    this machine's 4 devices. Every other number is the cost model's (``parlab.sim``).
-    """
-    import ipywidgets as w
-    from IPython.display import display
-
-    from . import sim
-    workloads = sim.presets()
-    clusters = {}
-    if here is not None:
-        clusters[f"{here.name} ({here.devices} devices, calibrated)"] = here
-    for nodes in (1, 2, 16):
-        c = sim.h100_nodes(nodes)
-        clusters[c.name] = c
-    batches = global_batches or {"lab MLP 64-256-256-128-10": 64, "GPT-2 XL (1.5 B)": 512,
-                                 "GPT-3 (175 B)": 1536}
-    model = w.Dropdown(options=list(workloads), description="model")
-    cluster = w.Dropdown(options=list(clusters), description="cluster")
-    tp = w.SelectionSlider(options=[1], description="tp", continuous_update=False)
-    pp = w.SelectionSlider(options=[1], description="pp", continuous_update=False)
-    micro = w.Dropdown(options=[("whole batch", 0)] + [(f"{k} samples", k) for k in
-                                                       (1, 2, 4, 8, 16, 32, 64)],
-                       value=0, description="micro-batch")
-    inner = w.ToggleButtons(options=["tp innermost", "dp innermost"], description="order")
-    overlap = w.Checkbox(value=False, description="dp overlaps backward (DDP)")
-    measure = w.Button(description="measure it here", tooltip="4 ranks on this machine")
-    out, text = w.Output(), w.HTML()
-
-    def divisors(n):
-        return [d for d in range(1, n + 1) if n % d == 0]
-
-    def plan_of(dp_, tp_, pp_, batch):
-        b = batch // dp_
-        m = max(b // micro.value, 1) if micro.value and b % micro.value == 0 else 1
-        order = AXES_INNER[inner.value]
-        return sim.Plan(dp=dp_, tp=tp_, pp=pp_, micro_batches=m, order=order)
-
-    busy = []          # set while the choices are being rebuilt: draw once, at the end
-
-    def refresh_pp(*_):
-        n, layers = clusters[cluster.value].devices, workloads[model.value].layers
-        keep = pp.value
-        busy.append(1)
-        pp.options = [d for d in divisors(n // tp.value) if d <= layers]
-        pp.value = keep if keep in pp.options else 1
-        busy.pop()
-        draw()
-
-    def refresh_choices(*_):
-        n = clusters[cluster.value].devices
-        busy.append(1)
-        tp.options = divisors(n)
-        tp.value = 2 if n % 2 == 0 else 1
-        # language models: a few sequences per micro-batch, or the activations never fit
-        micro.value = 0 if model.value.startswith("lab") else 4
-        busy.pop()
-        refresh_pp()
-
-    def draw(*_):
-        if busy or tp.value is None or pp.value is None:
-            return
-        wl, cl, batch = workloads[model.value], clusters[cluster.value], batches[model.value]
-        n = cl.devices
-        if n % (tp.value * pp.value):
-            text.value = f"<b>tp × pp = {tp.value * pp.value} does not divide {n} devices</b>"
-            return
-        chosen = (n // (tp.value * pp.value), tp.value, pp.value)
-        shapes = sorted({(n // t, t, 1) for t in divisors(n)} | {(n // p, 1, p) for p in divisors(n)
-                        if p <= wl.layers} | {chosen}, key=lambda s: (s[2] > 1, -s[0], s[2]))
-        entries, picked = [], None
-        for dp_, tp_, pp_ in shapes:
-            if batch % dp_:
-                continue
-            try:
-                pred = sim.predict(wl, cl, plan_of(dp_, tp_, pp_, batch), batch,
-                                   overlap_dp=overlap.value)
-            except ValueError:
-                continue
-            label = pred.plan.label().replace(" × ", "\n× ")
-            entries.append(("▶ " + label if (dp_, tp_, pp_) == chosen else label, pred, None))
-            if (dp_, tp_, pp_) == chosen:
-                picked = pred
-        with out:
-            out.clear_output(wait=True)
-            unit = "s" if max(e[1].step_s for e in entries) >= 1 else "ms"
-            display(plot_step_parts(entries, unit=unit, title=f"PREDICTED: {wl.name}, global "
-                                                              f"batch {batch}, on {cl.name}"))
-        if picked is None:
-            text.value = "<b>the chosen shape does not split this batch</b>"
-            return
-        mem, gb = picked.memory, 1e9
-        links = ", ".join(f"{a} over the {'fast (inside a node)' if k == 'intra' else 'slow (between nodes)'} link"
-                          for a, k in picked.links.items()) or "no communication"
-        step = (f"{picked.step_s:,.2f} s" if picked.step_s >= 1 else f"{picked.step_s * 1e3:,.2f} ms")
-        text.value = (f"<b>PREDICTED for {picked.plan.label()}</b> (m = {picked.plan.micro_batches} "
-                      f"micro-batches per replica): step {step}; memory per "
-                      f"device {mem['total'] / gb:,.1f} GB of {cl.memory_bytes / gb:,.0f} GB "
-                      f"(states {mem['states'] / gb:,.1f}, activations {mem['activations'] / gb:,.1f}): "
-                      f"{'fits' if picked.fits else '<b>does not fit</b>'}; {links}.")
-
-    def run_here(_):
-        with out:
-            if here is None or clusters[cluster.value] is not here or not model.value.startswith("lab"):
-                print("measuring needs this machine's cluster and the lab MLP")
-                return
-            shape = ({"dp": here.devices // tp.value, "tp": tp.value} if pp.value == 1
-                     else {"dp": here.devices // pp.value, "pp": pp.value})
-            if tp.value > 1 and pp.value > 1:
-                print("measured here: dp × tp or dp × pp (not both model axes at once)")
-                return
-            batch = batches[model.value]
-            plan = plan_of(shape["dp"], tp.value, pp.value, batch)
-            if pp.value == 1:       # dp × tp runs the replica's batch whole
-                plan = sim.Plan(dp=plan.dp, tp=plan.tp, order=plan.order)
-            print(f"measuring {shape} on {here.devices} ranks ...")
-            res = run_hybrid(shape, global_batch=batch, steps=8,
-                             micro_batches=plan.micro_batches)
-            marker = "forward" if "tp" in shape else "F0"
-            pred = sim.predict(workloads[model.value], here, plan, batch)
-            print(f"{plan.label()}, m = {plan.micro_batches}: measured here "
-                  f"{step_seconds(res.timeline, marker) * 1e3:.2f} ms per step, "
-                  f"PREDICTED {pred.step_s * 1e3:.2f} ms")
-
-    for widget in (model, cluster):
-        widget.observe(refresh_choices, names="value")
-    tp.observe(lambda change: None if busy else refresh_pp(), names="value")
-    for widget in (pp, micro, inner, overlap):
-        widget.observe(draw, names="value")
-    measure.on_click(run_here)
-    refresh_choices()
-    return w.VBox([w.HBox([model, cluster]), w.HBox([tp, pp, micro]), w.HBox([inner, overlap]),
-                   measure, text, out])
-
-
-AXES_INNER = {"tp innermost": ("dp", "pp", "tp"), "dp innermost": ("tp", "pp", "dp")}
 
 
 def run_tf_cluster(timeout: float = 180.0, env: dict | None = None, **options) -> dict:
@@ -565,6 +434,248 @@ def plot_checkpointing(rows, *, title: str = ""):
         fig.suptitle(title, fontsize=plot.FONT + 1)
     fig.tight_layout()
     return plot._finish(fig)
+
+
+
+
+# --------------------------------------------------------------------------- measured | predicted
+MEASURED_TITLE, PREDICTED_TITLE = "measured here", "PREDICTED (cost model)"
+
+
+def measured_vs_predicted(measured, predicted, *, title: str | None = None, unit: str = "ms",
+                          color_by: str = "kind", names: bool = True, share_time: bool = True):
+    """Two timelines side by side: what this machine measured (left), what the cost model
+    predicts for the same run (right, dotted), on one time scale when ``share_time``.
+
+    The legend lists every colour of both, below them. Titles say which is which.
+    """
+    from . import plot
+    plt = plot._pyplot()
+    lanes = max(len(measured.ranks), len(predicted.ranks))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(16, 0.75 * lanes + 2.6), sharex=share_time)
+    plot.timeline(measured, ax=left, unit=unit, color_by=color_by, names=names,
+                  title=MEASURED_TITLE)
+    plot.timeline(predicted, ax=right, unit=unit, color_by=color_by, names=names, predicted=True,
+                  title=PREDICTED_TITLE)
+    handles, labels = {}, []
+    for ax in (left, right):
+        legend = ax.get_legend()
+        if legend is None:
+            continue
+        for handle, text in zip(legend.legend_handles, legend.get_texts()):
+            if text.get_text() not in handles:
+                handles[text.get_text()] = handle
+                labels.append(text.get_text())
+        legend.remove()
+    if share_time:      # both drawn: the longer one sets the shared scale
+        width = max(measured.duration, predicted.duration) * {"s": 1, "ms": 1e3, "us": 1e6}[unit]
+        left.set_xlim(0, width)
+    fig.legend([handles[label] for label in labels], labels, loc="lower center",
+               ncol=min(len(labels), 7), fontsize=plot.FONT - 3, frameon=False)
+    if title:
+        fig.suptitle(title, fontsize=plot.FONT + 1)
+    fig.tight_layout(rect=(0, 0.1 if lanes > 2 else 0.14, 1, 1))
+    return plot._finish(fig)
+
+
+# --------------------------------------------------------------------------- lab 00
+def predicted_uneven_all_reduce(compute_s, nbytes: float, link, *, steps: int = 1,
+                                overhead_s: float = 0.0):
+    """PREDICTED timeline of lab 00's first collective: rank r computes ``compute_s[r]``
+    seconds, then every rank joins one ring all-reduce of ``nbytes`` (``sim.all_reduce_s``
+    on ``link``, plus ``overhead_s`` per call), ``steps`` times.
+
+    A rank waits in the all-reduce from its arrival until the last rank arrives (the
+    slowest sets the pace); then the data moves for everyone at once. The cost model
+    knows nothing of cores: every rank computes at full speed, all at the same time.
+    """
+    from . import sim
+    from .trace import COMM, COMPUTE, WAIT, Span
+    n = len(compute_s)
+    transfer = sim.all_reduce_s(nbytes, n, link) + overhead_s
+    spans, t = [], 0.0
+    for _ in range(steps):
+        last = t + max(compute_s)
+        for r, c in enumerate(compute_s):
+            spans.append(Span(r, COMPUTE, "compute", t, t + c))
+            if t + c < last:
+                spans.append(Span(r, WAIT, "all_reduce", t + c, last))
+            spans.append(Span(r, COMM, "all_reduce", last, last + transfer, int(nbytes)))
+        t = last + transfer
+    return sim.PredictedTimeline(spans, {r: f"rank {r} (predicted)" for r in range(n)},
+                                 steps=steps, notes={"strategy": "uneven work, then all-reduce",
+                                                     "cluster": str(link)})
+
+
+# --------------------------------------------------------------------------- calibration
+# The cost model needs a few numbers about this machine. Each lab takes them from a
+# measurement it has already made, and never from the number it then compares against.
+def link_from_transfers(timeline, *, ranks=None, names=None, all_reduce_over: int = 0):
+    """The link (``sim.Link``) fitted to the measured transfers of a timeline.
+
+    Every transfer span (kind "comm", the part after any wait) is one point (bytes,
+    seconds); ``metrics.fit_link`` draws t = A + S / B through them. Point to point,
+    that is alpha and beta. For all-reduces over ``all_reduce_over`` = n ranks the ring
+    model says t = 2(n-1) alpha + 2(n-1)/n S / beta, so alpha and beta
+    are taken back out of A and B. With a single message size, the link is that size
+    over its median time (no latency of its own).
+    """
+    from .metrics import fit_link
+    from .trace import COMM
+    pts = [(s.bytes, s.duration) for s in timeline.spans
+           if s.kind == COMM and s.bytes > 0 and (ranks is None or s.rank in ranks)
+           and (names is None or s.name in names)]
+    if not pts:
+        raise ValueError("the timeline has no transfers to fit a link to")
+    if len({b for b, _ in pts}) < 2:      # one size: its bytes over its median time
+        import statistics
+
+        from .metrics import LinkFit
+        size = pts[0][0]
+        fit = LinkFit(0.0, size / statistics.median(t for _, t in pts))
+    else:
+        fit = fit_link([b for b, _ in pts], [t for _, t in pts])
+    return _link_from_fit(fit, all_reduce_over, collective=all_reduce_over > 1)
+
+
+def link_from_records(records, op: str = "all_reduce", world_size: int = 2):
+    """The link fitted to sweep records ({op, world_size, bytes, seconds}: lab 00's
+    ``bandwidth.sweep``, lab 05's ``ring_bandwidth``), taken back out of the ring model
+    for all-reduces (see ``link_from_transfers``)."""
+    from .metrics import fit_link
+    rs = [r for r in records if r.get("op", op) == op and r["world_size"] == world_size
+          and r.get("impl", "library") == "library"]
+    fit = fit_link([r["bytes"] for r in rs], [r["seconds"] for r in rs])
+    return _link_from_fit(fit, world_size, collective=op == "all_reduce")
+
+
+def _link_from_fit(fit, n: int, collective: bool):
+    from . import sim
+    if not collective:
+        return sim.Link(fit.latency_s, fit.bandwidth_Bps)
+    return sim.Link(fit.latency_s / (2 * (n - 1)), fit.bandwidth_Bps * 2 * (n - 1) / n)
+
+
+def this_machine(link, *, flops: float, layer_overhead_s: float = 0.0, devices: int = 4,
+                 name: str = "this machine (calibrated in this lab)"):
+    """A ``sim.Cluster`` for this machine from what a lab measured: one link for every
+    pair (loopback), a sustained rate for compute and a fixed cost per layer pass.
+
+    Every device gets a processor of its own (``cores`` left at 0), on purpose: the labs
+    set this prediction beside a measurement of simulated devices that share a few
+    cores, and the difference between the two is what they discuss. (``sim`` can share
+    cores: ``dataclasses.replace(cluster, cores=2)``.)"""
+    from . import sim
+    return sim.Cluster(name, devices, 8e9, flops=flops, layer_overhead_s=layer_overhead_s,
+                       devices_per_node=devices, intra=link, inter=link)
+
+
+def compute_rate(net, measured) -> float:
+    """The sustained FLOP/s a ``sim.Measured`` implies: the network's forward and
+    backward arithmetic (3 x the forward's) for its batch, over their seconds."""
+    seconds = sum(measured.forward) + sum(measured.backward) - 2 * len(net) * measured.fixed_s
+    return 3 * sum(layer.flops for layer in net.layers) * measured.batch / max(seconds, 1e-12)
+
+
+def fit_compute(flops, seconds, layers: int) -> tuple[float, float]:
+    """(FLOP/s, fixed seconds per layer pass) from steps of ``flops`` arithmetic that took
+    ``seconds``: a straight line, slope 1/rate, intercept the fixed cost of 2 x layers
+    passes (forward and backward of every layer)."""
+    import numpy as np
+    slope, intercept = np.polyfit(np.asarray(flops, float), np.asarray(seconds, float), 1)
+    return 1 / max(slope, 1e-30), max(float(intercept), 0.0) / (2 * layers)
+
+
+def network_of(model, sample_shape, *, name: str | None = None):
+    """The cost model's view (``sim.Network``) of a PyTorch ``nn.Sequential``: one layer
+    per Linear or Conv2d, with its parameters, forward FLOPs per sample (2 per
+    multiply-add: 2 c_in k^2 c_out per output pixel of a convolution, 2 a b for a
+    Linear a -> b) and the elements of its output, found by running one sample through.
+    The element-wise layers between them (ReLU, pooling) only add their bytes.
+    """
+    import torch
+    from torch import nn
+
+    from . import sim
+    layers, counts = [], {}
+    x = torch.zeros(1, *sample_shape)
+    with torch.no_grad():
+        for module in model:
+            y = module(x)
+            kind = type(module).__name__
+            if isinstance(module, (nn.Linear, nn.Conv2d)):
+                params = sum(p.numel() for p in module.parameters())
+                if isinstance(module, nn.Linear):
+                    flops = 2.0 * module.in_features * module.out_features
+                else:
+                    k = module.kernel_size[0] * module.kernel_size[1]
+                    flops = 2.0 * module.in_channels // module.groups * k * y[0].numel()
+                counts[kind] = counts.get(kind, 0) + 1
+                layers.append(sim.Layer(f"{kind.lower()}{counts[kind] - 1}", params, flops,
+                                        out_elems=y[0].numel(),
+                                        saved_elems=x[0].numel() + y[0].numel()))
+            elif layers:        # element-wise work after a layer: read and write it
+                last = layers[-1]
+                layers[-1] = sim.Layer(last.name, last.params, last.flops, y[0].numel(),
+                                       last.saved_elems + y[0].numel(),
+                                       last.elementwise_bytes + 4.0 * (x[0].numel() + y[0].numel()))
+            x = y
+    return sim.Network(name or type(model).__name__, tuple(layers),
+                       float(torch.zeros(sample_shape).numel()))
+
+
+def costs_from_phases(net, batch: int, forward_s: float, backward_s: float, update_s: float):
+    """``sim.Measured`` costs from a step's measured phases (seconds for ``batch``
+    samples), shared among the network's layers in proportion to their FLOPs."""
+    from . import sim
+    flops = [max(layer.flops, 1.0) for layer in net.layers]
+    share = [f / sum(flops) for f in flops]
+    return sim.Measured(tuple(forward_s * x for x in share), tuple(backward_s * x for x in share),
+                        update_s, batch, net.params, source=f"measured at batch {batch}")
+
+
+def median_phase(timeline, name: str, rank: int, skip: int = 1) -> float:
+    """The median duration of the spans called ``name`` on ``rank`` (the first ``skip``
+    left out: start-up)."""
+    import statistics
+    times = [s.duration for s in timeline.spans if s.rank == rank and s.name == name]
+    if not times:
+        raise ValueError(f"no span {name!r} on rank {rank}")
+    return statistics.median(times[skip:] or times)
+
+
+def costs_from_pipeline(net, timelines: dict, batch: int, stages: int):
+    """``sim.Measured`` per-layer costs from measured pipeline runs (lab 04).
+
+    timelines: {micro-batches m: Timeline} of runs of ``net`` over ``stages`` stages, two
+    m or more. A micro-batch of batch / m samples takes F (and B) on a stage: the
+    medians of the F<i> (B<i>) spans of every stage, shared equally by the stage's layers
+    (the course's pipeline MLP has layers of equal width). A straight line through them
+    against the micro-batch size gives each layer's fixed cost and its cost per sample.
+    The update: the median "update" span, on each stage's share of the parameters.
+    """
+    import statistics
+
+    import numpy as np
+
+    from . import sim
+    per_stage = len(net) / stages
+    sizes, fwd, bwd = [], [], []
+    for m, tl in sorted(timelines.items()):
+        f = [s.duration for s in tl.spans if s.name[:1] == "F" and s.name[1:].isdigit()]
+        b = [s.duration for s in tl.spans if s.name[:1] == "B" and s.name[1:].isdigit()]
+        sizes.append(batch / m)
+        fwd.append(statistics.median(f) / per_stage)
+        bwd.append(statistics.median(b) / per_stage)
+    (sf, af), (sb, ab) = np.polyfit(sizes, fwd, 1), np.polyfit(sizes, bwd, 1)
+    fixed = max((af + ab) / 2, 0.0)
+    ref = max(sizes)
+    update = statistics.median(s.duration for tl in timelines.values() for s in tl.spans
+                               if s.name == "update") * stages
+    n = len(net)
+    return sim.Measured(tuple([fixed + max(sf, 0) * ref] * n), tuple([fixed + max(sb, 0) * ref] * n),
+                        update, int(ref), net.params, fixed,
+                        source=f"measured with {', '.join(map(str, sorted(timelines)))} micro-batches")
 
 
 # --------------------------------------------------------------------------- the cost model

@@ -1,0 +1,88 @@
+"""The labs' explorers: built, predicted at once, redrawn when a control moves.
+
+No front-end and no ranks: ``explorer`` keeps a ``predict`` hook that returns what the
+figure would show, so every explorer can be checked in a plain process. Nothing here
+clicks "measure it here" (that starts ranks; the labs' browser test moves a slider).
+"""
+import time
+
+import pytest
+
+pytest.importorskip("ipywidgets")
+
+from parlab import experiments, sim, widgets  # noqa: E402
+from parlab.splitting import SplitConfig  # noqa: E402
+
+MLP = (64, 256, 256, 128, 10)
+PIPE = SplitConfig(sizes=(64, *[256] * 32, 10), batch_size=840)
+
+
+@pytest.fixture(scope="module")
+def here():
+    return experiments.this_machine(sim.Link(200e-6, 1e9), flops=5e9, layer_overhead_s=20e-6)
+
+
+def _controls(box):
+    return [c for row in box.children for c in getattr(row, "children", ())
+            if hasattr(c, "value")]
+
+
+def _explorers(here):
+    net = sim.Network.mlp(MLP)
+    costs = experiments.costs_from_phases(net, 64, 0.7e-3, 0.8e-3, 0.3e-3)
+    cnn = sim.Network("CNN", net.layers[:2], 64)
+    pipe = sim.Network.mlp(PIPE.sizes)
+    costs_pipe = experiments.costs_from_phases(pipe, 210, 40e-3, 60e-3, 5e-3)
+    return {
+        "all-reduce": widgets.all_reduce_explorer(None, sim.Link(200e-6, 1e9), 0.04,
+                                                  unit_flops=1e9),
+        "tensor parallel": widgets.tensor_parallel_explorer(here),
+        "pipeline": widgets.pipeline_explorer(PIPE, here, costs_pipe),
+        "data parallel": widgets.data_parallel_explorer(here, costs),
+        "parameter server": widgets.parameter_server_explorer(
+            here, experiments.costs_from_phases(cnn, 32, 1e-3, 2e-3, 0.2e-3), cnn),
+    }
+
+
+def test_every_explorer_predicts_at_once_and_redraws_when_its_first_slider_moves(here):
+    """The browser test moves the first slider one step: every position must draw."""
+    for name, box in _explorers(here).items():
+        start = time.perf_counter()
+        tl, text, title = box.predict()
+        assert time.perf_counter() - start < 1.0, f"{name}: a prediction must be instant"
+        assert tl.predicted and tl.spans and "PREDICTED" in text, name
+        first = _controls(box)[0]
+        options = getattr(first, "options", None) or range(first.min, first.max + 1)
+        titles = {title}
+        for value in [o[1] if isinstance(o, tuple) else o for o in options]:
+            first.value = value
+            tl, text, title = box.predict()      # raises where a position cannot be drawn
+            titles.add(title)
+        assert len(titles) == len(options), f"{name}: moving {first.description} changed nothing"
+
+
+def test_every_cluster_of_every_explorer_predicts(here):
+    for name, box in _explorers(here).items():
+        cluster = next(c for c in _controls(box) if c.description == "cluster")
+        for label in cluster.options:
+            cluster.value = label
+            tl, text, title = box.predict()
+            assert tl.spans and "PREDICTED" in text, (name, label)
+
+
+def test_measuring_refuses_what_this_machine_cannot_measure(here):
+    dp = widgets.data_parallel_explorer(here)
+    cluster = next(c for c in _controls(dp) if c.description == "cluster")
+    cluster.value = cluster.options[-1]
+    with pytest.raises(ValueError, match="this machine"):
+        dp.measure()
+
+
+def test_measured_vs_predicted_shares_one_time_scale(here):
+    net = sim.Network.mlp(MLP)
+    a = sim.tensor_parallel(net, here, 64, devices=2, scheme="naive")
+    b = sim.tensor_parallel(net, here, 64, devices=2, scheme="column_row")
+    fig = experiments.measured_vs_predicted(a, b)
+    left, right = fig.axes[:2]
+    assert left.get_xlim() == right.get_xlim()
+    assert left.get_title() == "measured here" and right.get_title() == "PREDICTED (cost model)"
