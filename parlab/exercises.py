@@ -740,10 +740,14 @@ def _zero2_problem(results, world_size: int) -> str | None:
     want = (params - 0.1 * grads.mean(0)).numpy()
     unscaled = (params - 0.1 * grads.sum(0)).numpy()
     ops = results[0]["ops"]
-    if any("all_reduce" in op for op in ops):
-        return ("you used an all-reduce: every rank then receives the whole averaged gradient. "
-                "ZeRO-2 reduce-scatters it, so each rank receives (and keeps) only its shard's.")
+    if not ops:
+        return ("no traced collective was called: use parlab.torch.comm's reduce_scatter and "
+                "all_gather (torch.distributed's own calls are not seen by the check).")
     if not any("reduce_scatter" in op for op in ops):
+        if any("all_reduce" in op for op in ops):
+            return ("you used an all-reduce: every rank then receives the whole averaged "
+                    "gradient. ZeRO-2 reduce-scatters it, so each rank receives (and keeps) "
+                    "only its shard's.")
         return "no reduce-scatter was called: the ranks' gradients were never combined."
     if not any("all_gather" in op for op in ops):
         return ("no all-gather was called: each rank updated its shard, but the others never "
@@ -755,8 +759,19 @@ def _zero2_problem(results, world_size: int) -> str | None:
         ratio = world_size
         return (f"the step is {ratio} times too large: a reduce-scatter sums the ranks' "
                 "gradients; the average divides by the number of ranks.")
+    start = params.numpy()
+    if np.allclose(got[0], start, atol=1e-7):
+        return ("the parameters did not change: update flat_params in place (copy_ or -=), "
+                "do not rebind the name to a new tensor.")
+    step, want_step = got[0] - start, want - start
+    if np.allclose(step, want_step / world_size, atol=1e-6):
+        return (f"the step is {world_size} times too small: the average was divided by the "
+                "number of ranks twice.")
+    if np.allclose(step, -want_step, atol=1e-6):
+        return "the step goes uphill: subtract lr times the gradient."
     if not np.allclose(got[0], want, atol=1e-5):
-        return "the parameters after your step differ from plain SGD on the averaged gradient."
+        return ("the parameters after your step differ from plain SGD on the averaged "
+                "gradient: does each rank update its own chunk, chunk(n)[get_rank(group)]?")
     if any(not np.allclose(r["poisoned"], want, atol=1e-5) for r in results):
         return ("the result is right, but each rank used the parameters of shards it does not "
                 "own (they were replaced by NaN in a second run): update only your own shard "

@@ -504,7 +504,7 @@ def memory(breakdowns: dict, *, title: str | None = None, unit: str = "MB"):
     entry per device.
     """
     plt = _pyplot()
-    scale = {"KB": 1e3, "MB": 1e6, "GB": 1e9}[unit]
+    scale = {"kB": 1e3, "KB": 1e3, "MB": 1e6, "GB": 1e9}[unit]     # "KB" kept for old calls
     labels = list(breakdowns)
     parts: list[str] = []
     for d in breakdowns.values():
@@ -545,11 +545,13 @@ def bars(values: dict, *, ylabel: str, title: str, highlight=None):
 
 
 def curves(series: dict, *, xlabel: str, ylabel: str, title: str, smooth: int = 1,
-           logy: bool = False, points: bool = False):
+           logy: bool = False, points: bool = False, dashed=()):
     """One line per entry of ``series`` ({label: (x values, y values)}).
 
     smooth: a running mean over that many points, for noisy per-batch losses (the raw
     points are drawn faintly behind when ``points``).
+    dashed: labels drawn dashed and thinner, on top, so a curve that lies exactly on
+    another one stays visible.
     """
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(11, 4.6))
@@ -561,7 +563,10 @@ def curves(series: dict, *, xlabel: str, ylabel: str, title: str, smooth: int = 
         if smooth > 1 and len(y) >= smooth:
             y = np.convolve(y, np.ones(smooth) / smooth, mode="valid")
             x = x[smooth - 1:]
-        ax.plot(x, y, "-", color=color, lw=2.5, label=label)
+        if label in dashed:
+            ax.plot(x, y, "--", color=color, lw=1.8, label=label, zorder=3)
+        else:
+            ax.plot(x, y, "-", color=color, lw=2.5, label=label)
     if logy:
         ax.set_yscale("log")
     ax.set_xlabel(xlabel, fontsize=FONT)

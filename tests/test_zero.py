@@ -102,6 +102,14 @@ def test_the_zero2_checker_names_the_usual_mistakes():
         _fake_results(right, ops=("reduce_scatter",)), N)
     nan = np.full_like(right, np.nan)
     assert "does not own" in exercises._zero2_problem(_fake_results(right, nan), N)
+    start = params.numpy()
+    assert "did not change" in exercises._zero2_problem(_fake_results(start), N)
+    assert f"{N} times too small" in exercises._zero2_problem(
+        _fake_results(start + (right - start) / N), N)
+    assert "uphill" in exercises._zero2_problem(_fake_results(start - (right - start)), N)
+    assert "traced collective" in exercises._zero2_problem(_fake_results(right, ops=()), N)
+    extra = ("reduce_scatter", "all_reduce", "all_gather")     # an extra all-reduce is allowed
+    assert exercises._zero2_problem(_fake_results(right, ops=extra), N) is None
 
 
 def test_the_bytes_exercise_catches_a_stage_that_shards_the_wrong_part(capsys):

@@ -157,11 +157,13 @@ class FlatShards:
         """Bytes of the tensors this rank keeps, by part, and where (device or host)."""
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         grads += [s.grad for s in self.shards if s.grad is not None]
+        state = training.optimizer_state_bytes(self.opt)
         out = {"parameters": training.tensor_bytes(self.flats),
                "gradients": training.tensor_bytes(grads),
-               "optimizer state": training.optimizer_state_bytes(self.opt)}
+               # offloaded, Adam's moments live with the host copies: none on the device
+               "optimizer state": 0 if self.host else state}
         if self.host:
-            out["on the host"] = out["optimizer state"] + training.tensor_bytes(self.host) \
+            out["on the host"] = state + training.tensor_bytes(self.host) \
                 + training.tensor_bytes(h.grad for h in self.host if h.grad is not None)
         return out
 
@@ -402,7 +404,7 @@ def expected_held(variant: str, params: int, world_size: int) -> dict:
     want = zero_memory.per_device_bytes(params, world_size, STAGE_OF[variant])
     want.pop("total")
     if variant == "zero2_offload":
-        want["gradients"] = 0.0
+        want["gradients"] = want["optimizer state"] = 0.0
         want["on the host"] = 16 * params / world_size
     return want
 
