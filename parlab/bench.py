@@ -426,7 +426,7 @@ def sim_bench(quick: bool = False) -> list[str]:
              f"{costs.fixed_s * 1e6:.0f} us per layer pass), link {cluster.intra}, "
              f"collective overhead {cluster.collective_overhead_s * 1e3:.2f} ms, wake-up after "
              f"blocking {cluster.wake_latency_s * 1e3:.2f} ms; {cores} cores, of which two "
-             f"computing ranks get {cluster.cores:.2f}, load average "
+             f"computing ranks got {here['shared_cores']:.2f} (not used), load average "
              f"{load0}; everything below is predicted from these. Shared cores: with more "
              f"runnable threads than cores (ranks, + DDP's comm thread) each wake-up costs "
              f"wake-up × threads/cores and each of a ring collective's 2(n-1) steps pays one "

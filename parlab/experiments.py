@@ -558,9 +558,9 @@ def measure_this_machine(sizes=(64, 256, 256, 128, 10), *, batches=(32, 128), fi
     Measures lab 00's link (one message, and an all-reduce of two ranks, per size in
     ``messages``), how late a rank that blocked on a message resumes (the cluster's
     ``wake_latency_s``: on a busy CPU the scheduler must give it a core back) and lab
-    01's step of the MLP ``sizes`` at each batch size, and how two computing ranks share
-    the cores (the cluster's ``cores``: fewer than the machine's when other work takes
-    some; ``_shared_cores``). Returns
+    01's step of the MLP ``sizes`` at each batch size, and how many cores two computing
+    ranks get ("shared_cores": fewer than the machine's when other work takes some;
+    reported, not used by the model: a snapshot of a load that drifts). Returns
     {"cluster": a ``sim.Cluster`` of ``devices`` simulated devices sharing this machine's
     cores, with the measured link and collective overhead (``sim.measured_link``), "costs": ``sim.Measured`` per-layer
     costs fitted on ``fit_batches`` (default: all ``batches``), "timelines": {batch: the
@@ -588,6 +588,6 @@ def measure_this_machine(sizes=(64, 256, 256, 128, 10), *, batches=(32, 128), fi
     per_pass = [costs.forward_s(i, max(fit)) + costs.backward_s(i, max(fit)) for i in range(len(net))]
     flops = 3 * max(fit) * sum(layer.flops for layer in net.layers) / sum(per_pass)
     cluster = sim.Cluster("this machine (measured)", devices, 8e9, flops, costs.fixed_s, devices,
-                          link, link, overhead, wake_latency_s=wake,
-                          cores=_shared_cores(res.results, os.cpu_count() or 1))
-    return {"cluster": cluster, "costs": costs, "timelines": timelines, "links": records}
+                          link, link, overhead, wake_latency_s=wake, cores=os.cpu_count() or 1)
+    return {"cluster": cluster, "costs": costs, "timelines": timelines, "links": records,
+            "shared_cores": _shared_cores(res.results, os.cpu_count() or 1)}

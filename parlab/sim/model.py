@@ -83,8 +83,7 @@ class Cluster:
     collective_overhead_s: float = 0.0   # software cost of one collective call
     memory_bandwidth_Bps: float = math.inf   # sustained, per device: the roofline's slope
     wake_latency_s: float = 0.0     # a rank that blocked on a peer resumes this late (CPU)
-    cores: int = 0                  # processors the devices share (0: each its own, GPUs);
-                                    # may be fractional: the share other work leaves us
+    cores: int = 0                  # processors the devices share (0: each its own, GPUs)
 
     def link(self, group_span: int) -> Link:
         """The link a group uses when it spans ``group_span`` consecutive devices."""
