@@ -552,8 +552,12 @@ def sim_bench(quick: bool = False) -> list[str]:
     lines = [f"calibrated on one launch: lab 01's step at batches 32 and 128 (fixed part "
              f"{costs.fixed_s * 1e6:.0f} us per layer pass), link {cluster.intra}, "
              f"collective overhead {cluster.collective_overhead_s * 1e3:.2f} ms, wake-up after "
-             f"blocking {cluster.wake_latency_s * 1e3:.2f} ms; {cores} cores, load average "
-             f"{load0}; everything below is predicted from these"]
+             f"blocking {cluster.wake_latency_s * 1e3:.2f} ms; {cores} cores, of which two "
+             f"computing ranks got {here['shared_cores']:.2f} (not used), load average "
+             f"{load0}; everything below is predicted from these. Shared cores: with more "
+             f"runnable threads than cores (ranks, + DDP's comm thread) each wake-up costs "
+             f"wake-up × threads/cores and each of a ring collective's 2(n-1) steps pays one "
+             f"(no factor fitted per configuration)"]
 
     def predicted_step(tl, marker="forward"):
         return float(np.median([b - a for a, b in tl.step_windows(marker)]))

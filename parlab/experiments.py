@@ -710,7 +710,48 @@ def _calibration_ranks(rank: int, world_size: int, sizes, batches, steps: int,
                 with span("update"):
                     opt.step()
     comm.barrier(name="calibration")
-    return {"links": links, "wake": wake}
+    together = _compute_together(rank, sizes, rounds=3 * steps)
+    comm.barrier(name="calibration")
+    return {"links": links, "wake": wake, "together": together}
+
+
+def _compute_together(rank: int, sizes, rounds: int, batch: int = 64) -> dict:
+    """How the cores are shared: rank 0 computes alone, then both ranks at once.
+
+    Each round: a forward and backward of the MLP at ``batch``, timed, then a barrier
+    (so both compute at the same moments). Returns {"alone": rank 0's times alone
+    (empty on rank 1), "together": this rank's times with its peer computing}.
+    """
+    import time
+
+    import torch
+
+    from .torch import comm, training
+    model = training.build_model("mlp", sizes=sizes, seed=rank)
+    x = torch.randn(batch, sizes[0])
+
+    def work() -> float:
+        t = time.perf_counter()
+        model(x).square().mean().backward()
+        return time.perf_counter() - t
+
+    alone = [work() for _ in range(rounds)] if rank == 0 else []
+    together = []
+    for _ in range(rounds):
+        comm.barrier(name="calibration")
+        together.append(work())
+    return {"alone": alone, "together": together}
+
+
+def _shared_cores(results, cores: int) -> float:
+    """The cores two computing ranks get here: 2 / (their slowdown against one alone),
+    at most the machine's (other work on the machine takes the rest)."""
+    import statistics
+    alone = statistics.median(results[0]["together"]["alone"][2:])
+    both = statistics.median(results[0]["together"]["together"][2:]
+                             + results[1]["together"]["together"][2:])
+    shared = 2.0 * alone / both if both > 0 else cores
+    return shared if shared < cores else cores
 
 
 def _wake_times(rank: int, repeats: int, sleep_s: float = 0.02) -> list[float]:
@@ -749,7 +790,9 @@ def measure_this_machine(sizes=(64, 256, 256, 128, 10), *, batches=(32, 128), fi
     Measures lab 00's link (one message, and an all-reduce of two ranks, per size in
     ``messages``), how late a rank that blocked on a message resumes (the cluster's
     ``wake_latency_s``: on a busy CPU the scheduler must give it a core back) and lab
-    01's step of the MLP ``sizes`` at each batch size. Returns
+    01's step of the MLP ``sizes`` at each batch size, and how many cores two computing
+    ranks get ("shared_cores": fewer than the machine's when other work takes some;
+    reported, not used by the model: a snapshot of a load that drifts). Returns
     {"cluster": a ``sim.Cluster`` of ``devices`` simulated devices sharing this machine's
     cores, with the measured link and collective overhead (``sim.measured_link``), "costs": ``sim.Measured`` per-layer
     costs fitted on ``fit_batches`` (default: all ``batches``), "timelines": {batch: the
@@ -778,4 +821,5 @@ def measure_this_machine(sizes=(64, 256, 256, 128, 10), *, batches=(32, 128), fi
     flops = 3 * max(fit) * sum(layer.flops for layer in net.layers) / sum(per_pass)
     cluster = sim.Cluster("this machine (measured)", devices, 8e9, flops, costs.fixed_s, devices,
                           link, link, overhead, wake_latency_s=wake, cores=os.cpu_count() or 1)
-    return {"cluster": cluster, "costs": costs, "timelines": timelines, "links": records}
+    return {"cluster": cluster, "costs": costs, "timelines": timelines, "links": records,
+            "shared_cores": _shared_cores(res.results, os.cpu_count() or 1)}

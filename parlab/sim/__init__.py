@@ -21,6 +21,13 @@ Inputs
                     max(flops / rate, bytes / bandwidth) + a fixed cost) or ``Measured``
                     (``Measured.from_timeline({batch: single-device timeline}, net)``)
 
+Shared cores (this machine): with more runnable threads than ``cores`` (ranks, plus
+DDP's communication thread), a rank woken by a message waits ``wake_latency_s × threads
+/ cores`` for a core, and every step of a ring collective (2(n - 1) of them, each a
+blocking receive in gloo) pays that wake-up too (``engine.oversubscription``,
+``engine.ring_wakeups_s``): why a message costs far more among computing ranks than an
+idle ping-pong sweep measures.
+
 Predicted timelines: ``PredictedTimeline``, a ``parlab.trace.Timeline`` with
 ``predicted = True``, ``title``, ``step_s`` and ``notes``; the measured runs' span names
 ("forward", "backward", "update"; "F3"/"B3"), so ``plot.timeline`` (which draws it

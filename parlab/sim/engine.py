@@ -16,6 +16,14 @@ wait for therefore ends that much later for it (counted as waiting), and so does
 collective (its members, descheduled at random, never arrive together: one always
 blocks). On a GPU, where NCCL spins, it is 0.
 
+``oversubscribed``: with more runnable threads than cores (ranks, plus DDP's
+communication thread on a rank with a background lane), a rank woken by a message
+queues behind ``threads / cores`` runnable threads per core before it runs: each
+wake-up costs ``wake_s × threads / cores``. And a collective is not one rendezvous but
+its ring's 2(n - 1) blocking steps (gloo), each a wake-up at that price: this is why a
+message costs far more while ranks compute on shared cores than an idle ping-pong
+sweep measures (calibrated: ``wake_s`` alone, from one blocked receive).
+
 ``cores``: simulated devices on a CPU share its cores. When more ranks compute at once
 than there are cores, each computes at cores / computing of its speed (processor
 sharing, as a fair scheduler gives), so the engine runs in time order, event by event.
@@ -151,6 +159,10 @@ class _Engine:
         self.resolved: set = set()                # background collectives already run
         self.lane_free = [0.0] * self.n           # background lane of each rank
         self.pending: dict[int, int] = {}         # rank -> background collectives unresolved
+        threads = self.n + sum(any(isinstance(op, Collective) and op.background for op in prog)
+                               for prog in programs)
+        self.over = oversubscription(threads, cores)
+        self.wake = wake_s * self.over            # a woken rank queues for a core
 
     # -- the loop
     def run(self) -> None:
@@ -249,7 +261,7 @@ class _Engine:
     def _transfer(self, r, name, start, send: Send, peer) -> str:
         arrived = self.arrived_at[r]
         if start > arrived:                  # it blocked: it resumes when scheduled again
-            start += self.wake_s
+            start += self.wake
         self._span(r, WAIT, name, arrived, start, peer=peer, axis=send.axis)
         self._span(r, COMM, name, start, start + send.seconds, send.nbytes, peer, send.axis)
         return self._occupy(r, start + send.seconds)
@@ -270,24 +282,30 @@ class _Engine:
         if len(arrivals) < len(op.group):
             return None
         start = self._collective_start(arrivals.values())
+        end = start + self._collective_s(op)
         self._span(r, WAIT, op.name, arrivals[r], start, axis=op.axis)
-        self._span(r, COMM, op.name, start, start + op.seconds, op.nbytes, axis=op.axis)
-        return self._occupy(r, start + op.seconds)
+        self._span(r, COMM, op.name, start, end, op.nbytes, axis=op.axis)
+        return self._occupy(r, end)
+
+    def _collective_s(self, op: Collective) -> float:
+        """Its seconds on the link, plus, on oversubscribed cores, a wake-up per ring step."""
+        return op.seconds + ring_wakeups_s(len(op.group), self.wake_s, self.over)
 
     def _collective_start(self, ready) -> float:
         """When the last member is there, plus one wake-up: on a busy CPU the members never
         arrive together (each is descheduled at random), so one always blocked."""
-        return max(ready) + self.wake_s
+        return max(ready) + self.wake
 
     def _resolve_background(self, op: Collective, arrivals: dict) -> None:
         """All members posted: the collective runs when the last has, and every lane is free."""
         start = self._collective_start([*arrivals.values(),
                                         *(self.lane_free[m] for m in op.group)])
+        end = start + self._collective_s(op)
         for m in op.group:
             lane = self.n + m
             self._span(lane, WAIT, op.name, max(arrivals[m], self.lane_free[m]), start, axis=op.axis)
-            self._span(lane, COMM, op.name, start, start + op.seconds, op.nbytes, axis=op.axis)
-            self.lane_free[m] = start + op.seconds
+            self._span(lane, COMM, op.name, start, end, op.nbytes, axis=op.axis)
+            self.lane_free[m] = end
             self.pending[m] -= 1
 
     def _join(self, r, op: Join):
@@ -298,6 +316,19 @@ class _Engine:
             return True
         self._span(r, WAIT, op.name, t, self.lane_free[r])
         return self._occupy(r, self.lane_free[r])
+
+
+def oversubscription(threads: int, cores: int) -> float:
+    """Runnable threads per core when they outnumber the cores; else 1 (and 1 on GPUs)."""
+    return threads / cores if cores and threads > cores else 1.0
+
+
+def ring_wakeups_s(members: int, wake_s: float, over: float) -> float:
+    """Oversubscribed cores: a ring collective's 2(n - 1) steps are blocking receives,
+    each a wake-up queued behind ``over`` threads per core; 0 when not oversubscribed."""
+    if over <= 1.0 or members < 2:
+        return 0.0
+    return 2 * (members - 1) * wake_s * over
 
 
 def _merge_compute(spans: list[Span]) -> list[Span]:

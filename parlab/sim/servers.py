@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from ..trace import COMM, COMPUTE, WAIT, Span
 from .costs import Network
-from .engine import Compute, PredictedTimeline, Recv, Send, _Engine, _merge_compute
+from .engine import (Compute, PredictedTimeline, Recv, Send, _Engine, _merge_compute,
+                     oversubscription)
 from .model import Cluster, send_s
 from .timelines import _costs, _divides, _Mesh, _notes, _whole
 
@@ -86,7 +87,7 @@ def _ps_async(workers, steps, slow, fwd, bwd, update, add, t_params, t_grads, pb
     server, which receives the gradients, updates, and sends that worker parameters.
     (Shared cores are not modelled here: the server barely computes.)
     """
-    wake = mesh.wake
+    wake = mesh.wake * oversubscription(workers + 1, mesh.cores)   # as the engine does
     spans: list[Span] = []
     server_free = 0.0
     ready = {}                                  # worker -> when its gradients are ready
