@@ -127,7 +127,8 @@ def pipeline_explorer(cfg, here=None, costs=None):
     cfg: the lab's pipeline (``SplitConfig``: an MLP and its batch). here, costs: this
     machine and the MLP's per-layer costs as the lab calibrated them (``sim.Measured``);
     without them only the GPU clusters are offered. The prediction is
-    ``sim.pipeline`` (stages balanced by cost); "measure it here" runs
+    ``sim.pipeline``: GPipe and 1F1B cut where this lab's executor cuts
+    (``pipeline.stage_bounds``), interleaved balanced by cost; "measure it here" runs
     ``experiments.run_pipeline(cfg, p, m, schedule)`` on p ranks and draws its last step
     next to the prediction for the same stages.
     """
@@ -140,8 +141,21 @@ def pipeline_explorer(cfg, here=None, costs=None):
                             micro_batches=m, schedule=schedule, bounds=bounds,
                             costs=costs if cluster == HERE else None)
 
+    cuts = {}
+
+    def executor_cut(p):
+        """The stages this lab's executor runs (``pipeline.stage_bounds``), as Linear indices."""
+        if p not in cuts:
+            from .torch import pipeline
+            # module index -> Linear layer index (the MLP alternates Linear and ReLU)
+            cuts[p] = [b // 2 for b in pipeline.stage_bounds(cfg, p)]
+        return cuts[p]
+
     def predict(p, m, schedule, cluster):
-        tl = predicted(p, m, schedule, cluster)
+        # gpipe and 1f1b: the executor's own cut, as lab 04 predicts it and "measure it here"
+        # runs it; interleaved (not run here): two chunks per device, balanced by cost
+        tl = predicted(p, m, schedule, cluster,
+                       executor_cut(p) if schedule in ("gpipe", "1f1b") else None)
         lost = sum(tl.seconds_by_kind(r)["idle"] + tl.seconds_by_kind(r)["wait"]
                    for r in tl.ranks) / (len(tl.ranks) * tl.duration)
         return tl, (f"PREDICTED: one step {_t(tl.step_s)}; the stages idle or wait {lost:.0%} "
@@ -204,14 +218,18 @@ def all_reduce_explorer(worker, here_link, unit_s: float, *, unit_flops: float,
             f"{n} devices, {_bytes(nbytes)}, {cluster}"
 
     def measure(n, nbytes, cluster):
+        from .experiments import measured_vs_predicted
         from .launcher import launch
-        _only_here(HERE, n)
+        _only_here(cluster, n)
         run = launch(worker, n, kwargs=dict(numel=max(nbytes // 4, 1)))
         measured = run.timeline.filter(names={"compute", "all_reduce"})
         steps = len(measured.step_windows("compute", rank=0)) or 1
         predicted = predicted_uneven_all_reduce([unit_s * (r + 1) for r in range(n)], nbytes,
                                                 here_link, steps=steps)
-        return measured, predicted
+        return measured_vs_predicted(
+            measured, predicted, color_by="name",
+            unit=time_unit(max(measured.duration, predicted.duration)),
+            title=f"{n} devices, {_bytes(nbytes)}, {cluster}: rank r does r + 1 units, {steps} steps")
 
     controls = {"n": slider("devices n", range(2, 9), 4),
                 "nbytes": slider("message", message_sizes([message_bytes]), message_bytes),
