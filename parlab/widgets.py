@@ -507,8 +507,9 @@ def strategy_explorer(here=None, *, global_batches=None):
     cluster = w.Dropdown(options=list(clusters), description="cluster")
     tp = w.SelectionSlider(options=[1], description="tp", continuous_update=False)
     pp = w.SelectionSlider(options=[1], description="pp", continuous_update=False)
-    micro = w.Dropdown(options=[("whole batch", 0)] + [(f"{k} samples", k) for k in
-                                                       (1, 2, 4, 8, 16, 32, 64)],
+    # -4: the lab's setting, 4 micro-batches per replica in a pipeline, the whole batch otherwise
+    micro = w.Dropdown(options=[("whole batch", 0), ("m = 4 in a pipeline", -4)]
+                       + [(f"{k} samples", k) for k in (1, 2, 4, 8, 16, 32, 64)],
                        value=0, description="micro-batch")
     inner = w.ToggleButtons(options=["tp innermost", "dp innermost"], description="order")
     overlap = w.Checkbox(value=False, description="dp overlaps backward (DDP)")
@@ -520,7 +521,10 @@ def strategy_explorer(here=None, *, global_batches=None):
 
     def plan_of(dp_, tp_, pp_, batch):
         b = batch // dp_
-        m = max(b // micro.value, 1) if micro.value and b % micro.value == 0 else 1
+        if micro.value < 0:
+            m = -micro.value if pp_ > 1 and b % -micro.value == 0 else 1
+        else:
+            m = max(b // micro.value, 1) if micro.value and b % micro.value == 0 else 1
         order = AXES_INNER[inner.value]
         return sim.Plan(dp=dp_, tp=tp_, pp=pp_, micro_batches=m, order=order)
 
@@ -541,7 +545,8 @@ def strategy_explorer(here=None, *, global_batches=None):
         tp.options = divisors(n)
         tp.value = 2 if n % 2 == 0 else 1
         # language models: a few sequences per micro-batch, or the activations never fit
-        micro.value = 0 if model.value.startswith("lab") else 4
+        # (the lab MLP: m = 4 in a pipeline, as measured in the lab)
+        micro.value = -4 if model.value.startswith("lab") else 4
         busy.pop()
         refresh_pp()
 
@@ -578,13 +583,16 @@ def strategy_explorer(here=None, *, global_batches=None):
             text.value = "<b>the chosen shape does not split this batch</b>"
             return
         mem, gb = picked.memory, 1e9
+        scale, unit = next((f, u) for f, u in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (1, "B"))
+                           if mem["total"] >= f or f == 1)
         links = ", ".join(f"{a} over the {'fast (inside a node)' if k == 'intra' else 'slow (between nodes)'} link"
                           for a, k in picked.links.items()) or "no communication"
         step = (f"{picked.step_s:,.2f} s" if picked.step_s >= 1 else f"{picked.step_s * 1e3:,.2f} ms")
         text.value = (f"<b>PREDICTED for {picked.plan.label()}</b> (m = {picked.plan.micro_batches} "
                       f"micro-batches per replica): step {step}; memory per "
-                      f"device {mem['total'] / gb:,.1f} GB of {cl.memory_bytes / gb:,.0f} GB "
-                      f"(states {mem['states'] / gb:,.1f}, activations {mem['activations'] / gb:,.1f}): "
+                      f"device {mem['total'] / scale:,.1f} {unit} of {cl.memory_bytes / gb:,.0f} GB "
+                      f"(states {mem['states'] / scale:,.1f} {unit}, activations "
+                      f"{mem['activations'] / scale:,.1f} {unit}): "
                       f"{'fits' if picked.fits else '<b>does not fit</b>'}; {links}.")
 
     def run_here(_):
