@@ -118,3 +118,13 @@ def test_bench_gpu_lines_run():
     from parlab import bench
     lines = bench.gpu_lines(steps=20)
     assert lines and not any("no GPU" in line for line in lines), lines
+
+
+def test_zero_stages_and_fsdp2_on_ranks_sharing_one_gpu_equal_one_device():
+    from parlab.experiments import run_zero
+    from parlab.metrics import max_difference
+    from parlab.torch import zero
+    run = run_zero(devices=parlab.devices(4, mode="shared-gpu"), steps=3)
+    reference = zero.train_reference(steps=3)
+    for v in zero.VARIANTS:      # FSDP2 runs on the CPU there (runtime.library_device)
+        assert max(max_difference(r[v]["state"], reference["state"]) for r in run.results) < GPU_TOL, v

@@ -248,7 +248,7 @@ def _fsdp2(model: nn.Module, g) -> nn.Module:
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
-    mesh = DeviceMesh.from_group(g.pg or dist.group.WORLD, runtime.rank_device().type,
+    mesh = DeviceMesh.from_group(g.pg or dist.group.WORLD, runtime.library_device().type,
                                  mesh=torch.tensor(g.ranks), mesh_dim_names=("dp",))
     for m in units_of(model):
         fully_shard(m, mesh=mesh)
@@ -282,7 +282,10 @@ def train_zero(rank: int, world_size: int, variants=VARIANTS, sizes=SIZES,
         now = time.perf_counter()
         out.setdefault("seconds", {})[variant] = now
         recorder().add(f"{variant} begins", COMPUTE, now, now)
-        net = training.build_model("mlp", sizes=sizes, seed=seed).to(device)
+        # FSDP2 talks to the backend itself, past the traced layer's host staging: on ranks
+        # sharing a GPU it runs on the CPU (see runtime.library_device)
+        here = runtime.library_device() if variant == "fsdp2" else device
+        net = training.build_model("mlp", sizes=sizes, seed=seed).to(here)
         params = sum(p.numel() for p in net.parameters())
         shards, opt = None, None
         if variant in ("zero1", "zero2", "zero2_offload"):
@@ -300,7 +303,7 @@ def train_zero(rank: int, world_size: int, variants=VARIANTS, sizes=SIZES,
         batches = training.digit_batches("mlp", global_batch)
         losses = []
         for _ in range(steps):
-            x, y = training.on_device(*next(batches), device, rows)
+            x, y = training.on_device(*next(batches), here, rows)
             with span("forward"):
                 loss = nn.functional.cross_entropy(net(x), y)
             with span("backward"):
