@@ -16,9 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-
-def _bytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
+from .training import tensor_bytes as _bytes
 
 
 def estimate(model: nn.Module, x: torch.Tensor, optimizer_slots: int = 2) -> dict:
