@@ -684,74 +684,69 @@ def _calibration_ranks(rank: int, world_size: int, sizes, batches, steps: int,
     """Rank function: lab 00's link sweep on two ranks, then lab 01's traced step on rank 0.
 
     The sweep (``bandwidth.sweep``: half a ping-pong, and two-rank all-reduces) comes
-    first; then rank 0 alone trains the MLP for ``steps`` steps at each batch size
-    ("forward", "backward", "update" spans) while the other rank waits at a barrier.
+    first, then how late a receiver that blocked for 20 ms resumes. Then rank 0 trains
+    the MLP for ``steps`` steps at each batch size ("forward", "backward", "update"
+    spans), twice: back to back, as lab 01 runs, and with a small message to and from
+    rank 1 before every phase, as a rank of a distributed step runs
+    (``_calibration_steps``).
+    """
+    from .torch import bandwidth, comm
+    links = bandwidth.sweep(rank, world_size, sizes=messages, ops=("send_recv", "all_reduce"))
+    wake = _wake_times(rank, repeats=40)
+    comm.barrier(name="calibration")
+    _calibration_steps(rank, sizes, batches, steps, between_messages=False)
+    comm.barrier(name="calibration")
+    _calibration_steps(rank, sizes, batches, steps, between_messages=True)
+    comm.barrier(name="calibration")
+    return {"links": links, "wake": wake}
+
+
+def _calibration_steps(rank: int, sizes, batches, steps: int, between_messages: bool) -> None:
+    """Rank 0 trains the MLP (lr 0), each phase traced; rank 1 only answers messages.
+
+    between_messages: before each phase rank 0 sends rank 1 a small message and blocks
+    until it answers. A rank that has just blocked computes slower than one running
+    back to back: measured here, 1.3-1.7x for this MLP at batch 64 (its caches went
+    cold while it slept, and on a virtual machine its processor was halted); every rank
+    of a distributed step blocks between its phases, so its compute is timed this way.
     """
     import torch
     from torch import nn
 
-    from .torch import bandwidth, comm, training
-    from .trace import span
-    links = bandwidth.sweep(rank, world_size, sizes=messages, ops=("send_recv", "all_reduce"))
-    wake = _wake_times(rank, repeats=15)
-    comm.barrier(name="calibration")
-    if rank == 0:
-        model = training.build_model("mlp", sizes=sizes, seed=0)
-        opt = torch.optim.SGD(model.parameters(), lr=0.0)
-        loss_fn = nn.CrossEntropyLoss()
-        for b in batches:
-            x, y = torch.randn(b, sizes[0]), torch.randint(0, sizes[-1], (b,))
-            for _ in range(steps):
-                with span("forward"):
-                    opt.zero_grad()
-                    loss = loss_fn(model(x), y)
-                with span("backward"):
-                    loss.backward()
-                with span("update"):
-                    opt.step()
-    comm.barrier(name="calibration")
-    together = _compute_together(rank, sizes, rounds=3 * steps)
-    comm.barrier(name="calibration")
-    return {"links": links, "wake": wake, "together": together}
-
-
-def _compute_together(rank: int, sizes, rounds: int, batch: int = 64) -> dict:
-    """How the cores are shared: rank 0 computes alone, then both ranks at once.
-
-    Each round: a forward and backward of the MLP at ``batch``, timed, then a barrier
-    (so both compute at the same moments). Returns {"alone": rank 0's times alone
-    (empty on rank 1), "together": this rank's times with its peer computing}.
-    """
-    import time
-
-    import torch
-
     from .torch import comm, training
-    model = training.build_model("mlp", sizes=sizes, seed=rank)
-    x = torch.randn(batch, sizes[0])
+    from .trace import span
+    buf = torch.zeros(2)
 
-    def work() -> float:
-        t = time.perf_counter()
-        model(x).square().mean().backward()
-        return time.perf_counter() - t
+    def message() -> None:
+        if not between_messages:
+            return
+        if rank == 0:
+            comm.send(buf, 1, name="calibration")
+            comm.recv(buf, 1, name="calibration")
+        else:
+            comm.recv(buf, 0, name="calibration")
+            comm.send(buf, 0, name="calibration")
 
-    alone = [work() for _ in range(rounds)] if rank == 0 else []
-    together = []
-    for _ in range(rounds):
-        comm.barrier(name="calibration")
-        together.append(work())
-    return {"alone": alone, "together": together}
-
-
-def _shared_cores(results, cores: int) -> float:
-    """The cores two computing ranks get here: 2 / (their slowdown against one alone),
-    at most the machine's (other work on the machine takes the rest)."""
-    import statistics
-    alone = statistics.median(results[0]["together"]["alone"][2:])
-    both = statistics.median(results[0]["together"]["together"][2:]
-                             + results[1]["together"]["together"][2:])
-    shared = 2.0 * alone / both if both > 0 else cores
-    return shared if shared < cores else cores
+    model = training.build_model("mlp", sizes=sizes, seed=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    loss_fn = nn.CrossEntropyLoss()
+    for b in batches:
+        x, y = torch.randn(b, sizes[0]), torch.randint(0, sizes[-1], (b,))
+        for _ in range(steps):
+            message()
+            if rank != 0:
+                message()
+                message()
+                continue
+            with span("forward"):
+                opt.zero_grad()
+                loss = loss_fn(model(x), y)
+            message()
+            with span("backward"):
+                loss.backward()
+            message()
+            with span("update"):
+                opt.step()
 
 
 def _wake_times(rank: int, repeats: int, sleep_s: float = 0.02) -> list[float]:
@@ -790,15 +785,18 @@ def measure_this_machine(sizes=(64, 256, 256, 128, 10), *, batches=(32, 128), fi
     Measures lab 00's link (one message, and an all-reduce of two ranks, per size in
     ``messages``), how late a rank that blocked on a message resumes (the cluster's
     ``wake_latency_s``: on a busy CPU the scheduler must give it a core back) and lab
-    01's step of the MLP ``sizes`` at each batch size, and how many cores two computing
-    ranks get ("shared_cores": fewer than the machine's when other work takes some;
-    reported, not used by the model: a snapshot of a load that drifts). Returns
-    {"cluster": a ``sim.Cluster`` of ``devices`` simulated devices sharing this machine's
-    cores, with the measured link and collective overhead (``sim.measured_link``), "costs": ``sim.Measured`` per-layer
-    costs fitted on ``fit_batches`` (default: all ``batches``), "timelines": {batch: the
-    measured single-device steps}, "links": the sweep's records}.
+    01's step of the MLP ``sizes`` at each batch size, back to back and between
+    messages. Returns {"cluster": a ``sim.Cluster`` of ``devices`` simulated
+    devices sharing this machine's cores, with the measured link and collective overhead
+    (``sim.measured_link``), "costs": ``sim.Measured`` per-layer costs of the step run
+    back to back (lab 01), "costs_between_messages": the same timed as a rank of a
+    distributed step computes, after a blocking message (use these for two ranks or
+    more), both fitted on ``fit_batches`` (default: all ``batches``), "timelines":
+    {batch: the measured single-device steps, back to back}, "timelines_between_messages"
+    (the same, between messages), "links": the sweep's records}.
     """
     import os
+    import statistics
 
     from . import sim
     from .trace import Timeline
@@ -806,20 +804,23 @@ def measure_this_machine(sizes=(64, 256, 256, 128, 10), *, batches=(32, 128), fi
     res = launch(_calibration_ranks, 2, args=(tuple(sizes), batches, steps, tuple(messages)),
                  timeout=timeout)
     phases = [s for s in res.timeline if s.rank == 0 and s.name in ("forward", "backward", "update")]
-    timelines = {b: Timeline(phases[3 * steps * k: 3 * steps * (k + 1)])
-                 for k, b in enumerate(batches)}
+    per_run = 3 * steps * len(batches)
+    timelines, woken = ({b: Timeline(run[3 * steps * k: 3 * steps * (k + 1)])
+                         for k, b in enumerate(batches)}
+                        for run in (phases[:per_run], phases[per_run:]))
     net = sim.Network.mlp(sizes)
     fit = tuple(fit_batches or batches)
     costs = sim.Measured.from_timeline({b: timelines[b] for b in fit}, net, skip=2)
+    between = sim.Measured.from_timeline({b: woken[b] for b in fit}, net, skip=2)
     records = res.results[0]["links"]
     by_op = {op: {r["bytes"]: r["seconds"] for r in records if r["op"] == op}
              for op in ("send_recv", "all_reduce")}
     link, overhead = sim.measured_link(by_op["send_recv"], by_op["all_reduce"])
     late = sorted(b - a for a, b in zip(res.results[0]["wake"], res.results[1]["wake"]))
-    wake = max(late[len(late) // 2] - link.time(8), 0.0)
+    wake = max(statistics.median(late) - link.time(8), 0.0)
     per_pass = [costs.forward_s(i, max(fit)) + costs.backward_s(i, max(fit)) for i in range(len(net))]
     flops = 3 * max(fit) * sum(layer.flops for layer in net.layers) / sum(per_pass)
     cluster = sim.Cluster("this machine (measured)", devices, 8e9, flops, costs.fixed_s, devices,
                           link, link, overhead, wake_latency_s=wake, cores=os.cpu_count() or 1)
-    return {"cluster": cluster, "costs": costs, "timelines": timelines, "links": records,
-            "shared_cores": _shared_cores(res.results, os.cpu_count() or 1)}
+    return {"cluster": cluster, "costs": costs, "costs_between_messages": between,
+            "timelines": timelines, "timelines_between_messages": woken, "links": records}

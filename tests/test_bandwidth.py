@@ -43,7 +43,37 @@ def test_bench_command_prints_measured_ratios():
     assert "one span costs" in out.stdout
     from parlab import bench
     assert {"tracing_overhead", "manual_split", "vertical_slicing", "pipeline_bubble",
-            "data_parallel", "parameter_server", "hybrid"} <= set(bench.BENCHMARKS)
+            "data_parallel", "parameter_server", "hybrid", "memory", "sim"} <= set(bench.BENCHMARKS)
     wrong = subprocess.run([sys.executable, "-m", "parlab", "bench", "--only", "nope"],
                            capture_output=True, text=True, timeout=60)
     assert wrong.returncode == 2 and "unknown benchmark 'nope'" in wrong.stdout
+
+
+def test_this_machine_is_calibrated_back_to_back_and_between_messages(no_leftover_ranks):
+    """One launch gives the link, the wake-up, and lab 01's step timed twice: back to
+    back (lab 01) and with a message before every phase, as a rank of a distributed
+    step computes."""
+    from parlab.experiments import measure_this_machine
+    here = measure_this_machine((16, 32, 4), batches=(8, 32), steps=4, messages=(4096, 65536))
+    net_layers = 2
+    for key in ("costs", "costs_between_messages"):
+        costs = here[key]
+        assert len(costs.forward) == net_layers and all(t > 0 for t in costs.forward)
+        assert all(t > 0 for t in costs.backward) and costs.update > 0
+    cluster = here["cluster"]
+    assert cluster.wake_latency_s >= 0 and cluster.intra.bandwidth_Bps > 0
+    assert cluster.cores >= 1 and set(here["timelines"]) == {8, 32}
+    assert all(len([s for s in tl if s.name == "forward"]) == 4
+               for tl in here["timelines"].values())
+
+
+def test_the_sim_benchmark_reports_the_median_over_rounds_against_each_target():
+    from parlab import bench_sim
+    rounds = [[{"label": "lab 01", "what": "step", "predicted": p, "measured": 1.0},
+               {"label": "lab 02", "what": "bubble", "predicted": b, "measured": 0.5}]
+              for p, b in ((1.10, 0.58), (1.30, 0.54), (0.90, 0.60))]
+    lines = bench_sim.report(rounds)
+    assert "predicted/measured 1.10 (rounds: 1.10 / 1.30 / 0.90; within 15 %)" in lines[0]
+    assert "predicted - measured +0.080 (rounds: +0.080 / +0.040 / +0.100; OUTSIDE 0.05)" in lines[1]
+    assert lines[-1].startswith("summary: step times within 15 % for 1 of 1, shares within "
+                                "0.05 for 0 of 1")

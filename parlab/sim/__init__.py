@@ -19,12 +19,16 @@ Inputs
                     lab 00's link sweep and lab 01's step) or ``this_machine(calibration)``
     costs           a layer pass's seconds: ``Roofline(net, cluster)`` (the default:
                     max(flops / rate, bytes / bandwidth) + a fixed cost) or ``Measured``
-                    (``Measured.from_timeline({batch: single-device timeline}, net)``)
+                    (``Measured.from_timeline({batch: single-device timeline}, net)``);
+                    ``measure_this_machine`` gives
+                    two: lab 01's step back to back ("costs") and timed between
+                    messages ("costs_between_messages", 1.3-1.7x slower here: a rank
+                    that has just blocked computes slower), for ranks of a distributed step
 
 Shared cores (this machine): with more runnable threads than ``cores`` (ranks, plus
 DDP's communication thread), a rank woken by a message waits ``wake_latency_s × threads
 / cores`` for a core, and every step of a ring collective (2(n - 1) of them, each a
-blocking receive in gloo) pays that wake-up too (``engine.oversubscription``,
+blocking receive in gloo) pays one more wake-up (``engine.oversubscription``,
 ``engine.ring_wakeups_s``): why a message costs far more among computing ranks than an
 idle ping-pong sweep measures.
 

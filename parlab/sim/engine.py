@@ -20,9 +20,12 @@ blocks). On a GPU, where NCCL spins, it is 0.
 communication thread on a rank with a background lane), a rank woken by a message
 queues behind ``threads / cores`` runnable threads per core before it runs: each
 wake-up costs ``wake_s × threads / cores``. And a collective is not one rendezvous but
-its ring's 2(n - 1) blocking steps (gloo), each a wake-up at that price: this is why a
-message costs far more while ranks compute on shared cores than an idle ping-pong
-sweep measures (calibrated: ``wake_s`` alone, from one blocked receive).
+its ring's 2(n - 1) blocking steps (gloo), each one more wake-up, ``wake_s`` each: while
+a collective runs its members block in it, so a woken member does not queue behind
+them (charging ``threads / cores`` per ring step over-predicted lab 07's 4-rank meshes by
+1.3-1.8x). This is why a message costs far more while ranks compute on shared cores
+than an idle ping-pong sweep measures (calibrated: ``wake_s`` alone, from one blocked
+receive).
 
 ``cores``: simulated devices on a CPU share its cores. When more ranks compute at once
 than there are cores, each computes at cores / computing of its speed (processor
@@ -325,10 +328,11 @@ def oversubscription(threads: int, cores: int) -> float:
 
 def ring_wakeups_s(members: int, wake_s: float, over: float) -> float:
     """Oversubscribed cores: a ring collective's 2(n - 1) steps are blocking receives,
-    each a wake-up queued behind ``over`` threads per core; 0 when not oversubscribed."""
+    each one wake-up (not queued: the other members are blocked in the collective too);
+    0 when not oversubscribed."""
     if over <= 1.0 or members < 2:
         return 0.0
-    return 2 * (members - 1) * wake_s * over
+    return 2 * (members - 1) * wake_s
 
 
 def _merge_compute(spans: list[Span]) -> list[Span]:

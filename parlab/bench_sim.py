@@ -1,0 +1,263 @@
+"""The cost model's benchmark: its predictions against this machine, and against papers.
+
+``python -m parlab bench --only sim``. One ROUND calibrates the model (one launch:
+lab 00's link, how late a blocked rank resumes, lab 01's step) and then measures each
+lab's configurations in their own launches; every prediction of the round comes from
+that round's calibration only. Three rounds run one after another, and each line gives
+the median over the rounds and every round's own figure: on this shared machine a
+configuration's step moves by 10-20 % from one launch to the next (the cores' speed
+drifts over seconds), so one round alone says little about the model.
+
+Measuring (``measure``) and predicting (``compare``) are separate, so a round's
+measurements can be kept and the model's predictions recomputed from them.
+"""
+from __future__ import annotations
+
+import statistics
+
+from .bench import _median_step, _shares, benchmark
+
+SIM_SIZES = (64, 256, 256, 128, 10)       # the course's MLP (labs 02, 03, 05, 06, 07)
+SIM_PIPELINE_SIZES = (64, 256, 256, 256, 256, 256, 256, 10)     # lab 04: deeper, same width
+ROUNDS = 3
+STEP_TOLERANCE = 0.15                     # the issue's targets: step time within 15 %,
+SHARE_TOLERANCE = 0.05                    # bubble and wait shares within 0.05
+
+
+# ------------------------------------------------------------------ measuring
+def measure(quick: bool = False) -> dict:
+    """One round: calibrate, then run every configuration here: the calibration (with its
+    raw timelines, so the costs can be fitted again) and each configuration's figures.
+
+    Many steps per configuration: one step varies 2-4x on this machine, and the median
+    of 10 steps moved by 2x between runs where the median of 60 moved by about 10 %.
+    """
+    import numpy as np
+
+    from .experiments import measure_this_machine, run_pipeline, survey_hybrid
+    from .launcher import launch
+    from .splitting import SplitConfig
+    from .torch import data_parallel as dp
+    from .torch import parameter_server as ps
+    from .torch import pipeline as pl
+    from .torch import split
+    from .torch import tensor_parallel as tp
+
+    steps = 20 if quick else 60
+    out = {"load": _load()}
+    here = measure_this_machine(SIM_SIZES, batches=(32, 64, 128), fit_batches=(32, 128),
+                                steps=20 if quick else 40)
+    out["calibration"] = {k: here[k] for k in ("cluster", "costs", "costs_between_messages",
+                                                "timelines", "timelines_between_messages")}
+    lab01 = here["timelines"][64]       # batch 64: not used by the fit
+    out["lab01"] = sum(float(np.median([s.duration for s in lab01 if s.name == p][2:]))
+                       for p in ("forward", "backward", "update"))
+
+    res = launch(split.train_split, 2, args=(SplitConfig(sizes=SIM_SIZES, bounds=[4],
+                                                         batch_size=64, steps=steps),))
+    out["lab02"] = {"step": _median_step(res.timeline, name="forward"),
+                    "idle": _warm_shares(res.timeline, "forward", skip=2)["idle"]}
+
+    for scheme in ("naive", "column_row"):
+        res = launch(tp.train_sliced, 2, args=(SIM_SIZES, scheme, 64, steps))
+        m = _warm_shares(res.timeline, "forward", skip=2)
+        out[f"lab03 {scheme}"] = {"step": _median_step(res.timeline, name="forward"),
+                                  "comm": m["comm"] + m["idle"]}
+
+    cfg = SplitConfig(sizes=SIM_PIPELINE_SIZES, batch_size=256, steps=10 if quick else 30,
+                      lr=0.01)
+    out["lab04 bounds"] = [(b + 1) // 2 for b in pl.stage_bounds(cfg, 2)]
+    for schedule in ("gpipe", "1f1b"):
+        res = run_pipeline(cfg, 2, 4, schedule)
+        recv = [s.duration for s in res.timeline if s.kind == "comm" and s.name == "recv"]
+        out[f"lab04 {schedule}"] = {"step": _median_step(res.timeline, name="F0"),
+                                    "bubble": pl.measured_bubble(res.timeline, 2, 4),
+                                    "recv": float(np.median(recv))}
+
+    for mode in ("by_hand", "ddp"):
+        res = launch(dp.train_data_parallel, 2, args=(mode, "mlp", 128, steps, 0.05))
+        m = _warm_shares(res.timeline.filter(ranks=[0, 1]), "forward", skip=2)
+        out[f"lab05 {mode}"] = {"step": float(np.median(res.results[0]["step_s"][2:])),
+                                "comm": m["comm"] + m["idle"],
+                                "buckets": res.results[0].get("buckets_per_step")}
+
+    for mode in ("sync", "async"):
+        res = launch(ps.train_parameter_server, 3,
+                     args=(mode, 1, "mlp", 64, steps, 0.05, {2: 3}))
+        fast = res.timeline.summary()[1]
+        out[f"lab06 {mode}"] = {"step": 64 / ps.throughput(res.results, 64), "steps": steps,
+                                "wait": fast["wait_share"] + fast["idle_share"]}
+
+    survey = survey_hybrid(steps=10 if quick else 30)
+    out["lab07"] = [{"shape": row["shape"], "label": row["label"], "step": row["measured_s"]}
+                    for row in survey["rows"]]
+    out["load"] += f" to {_load()}"
+    return out
+
+
+# ------------------------------------------------------------------ predicting
+def compare(measured: dict) -> list[dict]:
+    """The model's prediction for every measured figure of one round, from its calibration.
+
+    Returns rows {label, what ("step" or a share's name), predicted, measured}.
+    """
+    import numpy as np
+
+    from . import sim
+
+    cluster = measured["calibration"]["cluster"]
+    alone = measured["calibration"]["costs"]          # lab 01: one device, back to back
+    costs = measured["calibration"]["costs_between_messages"]    # every rank of the others
+    net = sim.Network.mlp(SIM_SIZES)
+    rows = []
+
+    def row(label, what, predicted, value):
+        rows.append({"label": label, "what": what, "predicted": predicted, "measured": value})
+
+    def step_of(tl, marker="forward"):
+        return float(np.median([b - a for a, b in tl.step_windows(marker)]))
+
+    row("lab 01 single device, batch 64", "step",
+        sim.single_device(net, cluster, 64, costs=alone).step_s, measured["lab01"])
+
+    pred = sim.manual_split(net, cluster, 64, devices=2, bounds=[2], steps=3, costs=costs)
+    m = measured["lab02"]
+    row("lab 02 split over 2", "step", pred.step_s, m["step"])
+    row("lab 02 split over 2", "idle+wait share", _warm_shares(pred, "forward")["idle"],
+        m["idle"])
+
+    for scheme in ("naive", "column_row"):
+        pred = sim.tensor_parallel(net, cluster, 64, devices=2, scheme=scheme, steps=3,
+                                   costs=costs)
+        m, p = measured[f"lab03 {scheme}"], _warm_shares(pred, "forward")
+        label = f"lab 03 tensor parallel {scheme}"
+        row(label, "step", pred.step_s, m["step"])
+        row(label, "transfer+wait share", p["comm"] + p["idle"], m["comm"])
+
+    from .torch.pipeline import measured_bubble  # a timeline reader: works on predictions too
+    pnet = sim.Network.mlp(SIM_PIPELINE_SIZES)
+    pcosts = _rescaled(costs, net, pnet)
+    for schedule in ("gpipe", "1f1b"):
+        pred = sim.pipeline(pnet, cluster, 256, stages=2, micro_batches=4, schedule=schedule,
+                            bounds=measured["lab04 bounds"], steps=3, costs=pcosts)
+        m = measured[f"lab04 {schedule}"]
+        label = f"lab 04 pipeline {schedule}, p=2 m=4"
+        row(label, "step", step_of(pred, "F0"), m["step"])
+        row(label, "bubble", measured_bubble(pred, 2, 4, skip_steps=1), m["bubble"])
+
+    for mode in ("by_hand", "ddp"):
+        m = measured[f"lab05 {mode}"]
+        buckets = "per_tensor" if mode == "by_hand" else max(round(m["buckets"] or 1), 1)
+        pred = sim.data_parallel(net, cluster, 128, devices=2, buckets=buckets,
+                                 overlap=mode == "ddp", steps=3, costs=costs)
+        p = _warm_shares(pred.filter(ranks=[0, 1]), "forward")
+        label = f"lab 05 data parallel {mode} ({buckets} all-reduce(s) per step)"
+        row(label, "step", pred.step_s, m["step"])
+        row(label, "main lanes' transfer+wait share", p["comm"] + p["idle"], m["comm"])
+
+    for mode in ("sync", "async"):
+        m = measured[f"lab06 {mode}"]
+        steps = m["steps"]
+        pred = sim.parameter_server(net, cluster, 64, workers=2, mode=mode, slow={2: 3},
+                                    steps=steps, costs=costs)
+        fast = pred.summary()[1]
+        label = f"lab 06 parameter server {mode}, slow worker x3"
+        row(label, "time per 64 samples", pred.duration / steps, m["step"])
+        row(label, "fast worker's wait share", fast["wait_share"] + fast["idle_share"], m["wait"])
+
+    for entry in measured["lab07"]:
+        shape = entry["shape"]
+        pred = sim.hybrid(net, cluster, 64, dp=shape["dp"], tp=shape.get("tp", 1),
+                          pp=shape.get("pp", 1), micro_batches=4, steps=3, costs=costs)
+        marker = "F0" if shape.get("pp", 1) > 1 else "forward"
+        row(f"lab 07 {entry['label']}", "step", step_of(pred, marker), entry["step"])
+    return rows
+
+
+# ------------------------------------------------------------------ the report
+def verdict(rows: list[dict]) -> dict:
+    """Within its tolerance? Step times as a ratio (15 %), shares as a difference (0.05)."""
+    ratio = rows[0]["what"] in ("step", "time per 64 samples")
+    values = [r["predicted"] / r["measured"] if ratio else r["predicted"] - r["measured"]
+              for r in rows]
+    mid = statistics.median(values)
+    ok = abs(mid - 1) <= STEP_TOLERANCE if ratio else abs(mid) <= SHARE_TOLERANCE
+    return {"ratio": ratio, "values": values, "median": mid, "within": ok}
+
+
+def report(rounds: list[list[dict]]) -> list[str]:
+    """One line per measured figure: the median over the rounds, then each round's."""
+    lines = []
+    for k, first in enumerate(rounds[0]):
+        rows = [r[k] for r in rounds]
+        v = verdict(rows)
+        each = " / ".join(f"{x:.2f}" if v["ratio"] else f"{x:+.3f}" for x in v["values"])
+        p = statistics.median(r["predicted"] for r in rows)
+        m = statistics.median(r["measured"] for r in rows)
+        if v["ratio"]:
+            lines.append(f"{first['label']}: {first['what']} PREDICTED {p * 1e3:.2f} ms, measured "
+                         f"{m * 1e3:.2f} ms (medians), predicted/measured {v['median']:.2f} "
+                         f"(rounds: {each}; {'within' if v['within'] else 'OUTSIDE'} 15 %)")
+        else:
+            lines.append(f"{first['label']}: {first['what']} PREDICTED {p:.3f}, measured {m:.3f} "
+                         f"(medians), predicted - measured {v['median']:+.3f} (rounds: {each}; "
+                         f"{'within' if v['within'] else 'OUTSIDE'} 0.05)")
+    steps = [verdict([r[k] for r in rounds]) for k in range(len(rounds[0]))]
+    n_ratio = sum(v["ratio"] for v in steps)
+    lines.append(f"summary: step times within 15 % for {sum(v['within'] for v in steps if v['ratio'])}"
+                 f" of {n_ratio}, shares within 0.05 for "
+                 f"{sum(v['within'] for v in steps if not v['ratio'])} of {len(steps) - n_ratio} "
+                 f"(medians over {len(rounds)} round(s))")
+    return lines
+
+
+def _calibration_line(k: int, measured: dict) -> str:
+    import os
+    c, costs = measured["calibration"]["cluster"], measured["calibration"]["costs"]
+    return (f"round {k + 1}: calibrated on one launch (fixed part {costs.fixed_s * 1e6:.0f} us per "
+            f"layer pass, link {c.intra}, collective overhead "
+            f"{c.collective_overhead_s * 1e3:.2f} ms, a rank blocked 20 ms resumes "
+            f"{c.wake_latency_s * 1e3:.2f} ms late); {os.cpu_count()} cores, load average {measured['load']}")
+
+
+@benchmark("sim")
+def sim_bench(quick: bool = False) -> list[str]:
+    """The cost model against this machine (labs 01-07) and against published figures."""
+    from . import sim
+    rounds, lines = [], []
+    for k in range(1 if quick else ROUNDS):
+        measured = measure(quick)
+        lines.append(_calibration_line(k, measured))
+        rounds.append(compare(measured))
+    return lines + report(rounds) + sim.published.lines()
+
+
+# ------------------------------------------------------------------ helpers
+def _warm_shares(timeline, marker: str, skip: int = 1, rank=None) -> dict:
+    """Mean compute / transfer / wait+idle share over the steps after the first ``skip``."""
+    windows = timeline.step_windows(marker, rank)[skip:]
+    shares = _shares(timeline, windows)
+    lanes = list(shares)
+    return {k: sum(shares[r][k] for r in lanes) / len(lanes) for k in ("compute", "comm")} | {
+        "idle": sum(shares[r]["wait"] + shares[r]["idle"] for r in lanes) / len(lanes)}
+
+
+def _load() -> str:
+    """The machine's 1-minute load average: how many processes wanted its cores."""
+    import os
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except OSError:
+        return "unknown"
+
+
+def _rescaled(costs, net, other):
+    """Per-layer costs of another MLP of the same kind, by FLOPs (one width measured)."""
+    from dataclasses import replace
+    per_flop_f = [(t - costs.fixed_s) / layer.flops for t, layer in zip(costs.forward, net.layers)]
+    per_flop_b = [(t - costs.fixed_s) / layer.flops for t, layer in zip(costs.backward, net.layers)]
+    rate_f = sum(per_flop_f) / len(per_flop_f)
+    rate_b = sum(per_flop_b) / len(per_flop_b)
+    return replace(costs, forward=tuple(costs.fixed_s + rate_f * layer.flops for layer in other.layers),
+                   backward=tuple(costs.fixed_s + rate_b * layer.flops for layer in other.layers),
+                   update=costs.update * other.params / net.params, params=other.params)
