@@ -5,7 +5,7 @@ lab 00's link, how late a blocked rank resumes, lab 01's step) and then measures
 lab's configurations in their own launches; every prediction of the round comes from
 that round's calibration only. Three rounds run one after another, and each line gives
 the median over the rounds and every round's own figure: on this shared machine a
-configuration's step moves by 10-20 % from one launch to the next (the cores' speed
+configuration's step moves by 10-30 % from one launch to the next (the cores' speed
 drifts over seconds), so one round alone says little about the model.
 
 Measuring (``measure``) and predicting (``compare``) are separate, so a round's
@@ -20,7 +20,7 @@ from .bench import _median_step, _shares, benchmark
 SIM_SIZES = (64, 256, 256, 128, 10)       # the course's MLP (labs 02, 03, 05, 06, 07)
 SIM_PIPELINE_SIZES = (64, 256, 256, 256, 256, 256, 256, 10)     # lab 04: deeper, same width
 ROUNDS = 3
-STEP_TOLERANCE = 0.15                     # the issue's targets: step time within 15 %,
+STEP_TOLERANCE = 0.15                     # the targets: step time within 15 %,
 SHARE_TOLERANCE = 0.05                    # bubble and wait shares within 0.05
 
 

@@ -286,7 +286,6 @@ def test_measured_costs_from_two_timelines_recover_the_fixed_part():
     assert m.forward_s(0, 64, shard=2) == pytest.approx(fixed + (m.forward[0] - fixed) / 2)
 
 
-
 def test_the_roofline_takes_the_slower_of_compute_and_memory():
     net = sim.Network.mlp((1024, 1024))
     fast_memory = _cluster(memory_bandwidth_Bps=1e15)

@@ -20,10 +20,10 @@ Inputs
     costs           a layer pass's seconds: ``Roofline(net, cluster)`` (the default:
                     max(flops / rate, bytes / bandwidth) + a fixed cost) or ``Measured``
                     (``Measured.from_timeline({batch: single-device timeline}, net)``);
-                    ``measure_this_machine`` gives
-                    two: lab 01's step back to back ("costs") and timed between
-                    messages ("costs_between_messages", 1.3-1.7x slower here: a rank
-                    that has just blocked computes slower), for ranks of a distributed step
+                    ``measure_this_machine`` gives two: lab 01's step back to back
+                    ("costs") and timed between messages ("costs_between_messages",
+                    1.3-1.7x slower here: a rank that has just blocked computes
+                    slower), for the ranks of a distributed step
 
 Shared cores (this machine): with more runnable threads than ``cores`` (ranks, plus
 DDP's communication thread), a rank woken by a message waits ``wake_latency_s × threads
