@@ -715,6 +715,8 @@ def _calibration_steps(rank: int, sizes, batches, steps: int, between_messages: 
 
     from .torch import comm, training
     from .trace import span
+    if rank != 0 and not between_messages:
+        return                              # nothing to answer
     buf = torch.zeros(2)
 
     def message() -> None:
@@ -816,7 +818,7 @@ def measure_this_machine(sizes=(64, 256, 256, 128, 10), *, batches=(32, 128), fi
     by_op = {op: {r["bytes"]: r["seconds"] for r in records if r["op"] == op}
              for op in ("send_recv", "all_reduce")}
     link, overhead = sim.measured_link(by_op["send_recv"], by_op["all_reduce"])
-    late = sorted(b - a for a, b in zip(res.results[0]["wake"], res.results[1]["wake"]))
+    late = [b - a for a, b in zip(res.results[0]["wake"], res.results[1]["wake"])]
     wake = max(statistics.median(late) - link.time(8), 0.0)
     per_pass = [costs.forward_s(i, max(fit)) + costs.backward_s(i, max(fit)) for i in range(len(net))]
     flops = 3 * max(fit) * sum(layer.flops for layer in net.layers) / sum(per_pass)
