@@ -70,10 +70,8 @@ def measure(quick: bool = False) -> dict:
     out["lab04 bounds"] = [(b + 1) // 2 for b in pl.stage_bounds(cfg, 2)]
     for schedule in ("gpipe", "1f1b"):
         res = run_pipeline(cfg, 2, 4, schedule)
-        recv = [s.duration for s in res.timeline if s.kind == "comm" and s.name == "recv"]
         out[f"lab04 {schedule}"] = {"step": _median_step(res.timeline, name="F0"),
-                                    "bubble": pl.measured_bubble(res.timeline, 2, 4),
-                                    "recv": float(np.median(recv))}
+                                    "bubble": pl.measured_bubble(res.timeline, 2, 4)}
 
     for mode in ("by_hand", "ddp"):
         res = launch(dp.train_data_parallel, 2, args=(mode, "mlp", 128, steps, 0.05))
@@ -203,10 +201,11 @@ def verdict(rows: list[dict]) -> dict:
 def report(rounds: list[list[dict]]) -> list[str]:
     """One line per measured figure: the median over the rounds, then each round's, and how
     far the measured figure itself moved between rounds."""
-    lines = []
+    lines, verdicts = [], []
     for k, first in enumerate(rounds[0]):
         rows = [r[k] for r in rounds]
         v = verdict(rows)
+        verdicts.append(v)
         each = " / ".join(f"{x:.2f}" if v["ratio"] else f"{x:+.3f}" for x in v["values"])
         p = statistics.median(r["predicted"] for r in rows)
         m = statistics.median(r["measured"] for r in rows)
@@ -220,12 +219,12 @@ def report(rounds: list[list[dict]]) -> list[str]:
                          f"(medians), predicted - measured {v['median']:+.3f} (rounds: {each}; "
                          f"{'within' if v['within'] else 'OUTSIDE'} 0.05; measured "
                          f"{v['spread']:.3f} apart between rounds)")
-    steps = [verdict([r[k] for r in rounds]) for k in range(len(rounds[0]))]
-    n_ratio = sum(v["ratio"] for v in steps)
-    misses = [v for v in steps if not v["within"]]
-    lines.append(f"summary: step times within 15 % for {sum(v['within'] for v in steps if v['ratio'])}"
-                 f" of {n_ratio}, shares within 0.05 for "
-                 f"{sum(v['within'] for v in steps if not v['ratio'])} of {len(steps) - n_ratio} "
+    n_ratio = sum(v["ratio"] for v in verdicts)
+    misses = [v for v in verdicts if not v["within"]]
+    lines.append(f"summary: step times within 15 % for "
+                 f"{sum(v['within'] for v in verdicts if v['ratio'])} of {n_ratio}, shares "
+                 f"within 0.05 for {sum(v['within'] for v in verdicts if not v['ratio'])} of "
+                 f"{len(verdicts) - n_ratio} "
                  f"(medians over {len(rounds)} round(s)); of the {len(misses)} outside, "
                  f"{sum(not v['steady'] for v in misses)} moved between rounds by more than the "
                  f"tolerance allows (step {(1 + STEP_TOLERANCE) / (1 - STEP_TOLERANCE):.2f}x, "
