@@ -26,8 +26,9 @@ lab: install
 
 # One pytest run covers the package tests and every notebook (nbval, lax: outputs with
 # timings are not compared; a failing cell or assertion fails). A hung cell fails too.
+# Each lab runs once: the browser test, run last, opens what nbval executed (conftest.py).
 test: install
-	$(PY) -m pytest -p no:cacheprovider -rs --nbval-lax --nbval-current-env \
+	$(PY) -m pytest -p no:cacheprovider -rs --durations=30 --nbval-lax --nbval-current-env \
 		--nbval-cell-timeout=600 tests labs
 
 # The GPU test run: the tests marked gpu, then every lab with the GPU(s) visible, in the
@@ -38,15 +39,16 @@ test: install
 test-gpu:
 	@scripts/test-gpu.sh
 
+# The quick loop while working on the code: the package's tests, no notebooks, no browser.
 test-fast: install
-	$(PY) -m pytest -p no:cacheprovider -rs tests
+	$(PY) -m pytest -p no:cacheprovider -rs -m "not browser" tests
 
 bench: install
 	$(PY) -m parlab bench
 
 # The copy of the labs to hand to students: solutions replaced, outputs removed.
 student: install
-	$(PY) -m parlab student-copy labs student
+	$(PY) -m parlab student-copy --force labs student
 
 # Notebooks are committed without outputs.
 clear-outputs: install

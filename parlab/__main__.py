@@ -4,32 +4,84 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import sys
 
 
-def _load(target: str):
+def _load(parser, target: str):
     module_name, _, attr = target.partition(":")
-    if not attr:
-        raise SystemExit(f"expected MODULE:FUNCTION, got {target!r}")
-    return getattr(importlib.import_module(module_name), attr)
+    if not (module_name and attr):
+        parser.error(f"expected the worker as MODULE:FUNCTION (e.g. parlab.examples:"
+                     f"hello_allreduce), got {target!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        parser.error(f"cannot import {module_name!r} for {target!r}: {exc}. Is its folder on "
+                     "PYTHONPATH?")
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        parser.error(f"{module_name} has no function {attr!r}")
+    return fn
 
 
-def _cmd_run(ns) -> int:
-    fn = _load(ns.target)
-    args = json.loads(ns.args) if ns.args else []
+def _run_settings(parser, ns):
+    """--nproc, --timeout and --args checked here, so errors name the flags."""
+    from parlab.launcher import MAX_TIMEOUT_S
+    if ns.nproc < 1:
+        parser.error(f"--nproc must be 1 or more (ranks to start), got {ns.nproc}")
+    if not (math.isfinite(ns.timeout) and 0 < ns.timeout <= MAX_TIMEOUT_S):
+        parser.error(f"--timeout must be a number of seconds above 0 and at most "
+                     f"{MAX_TIMEOUT_S:.0f} (30 days), got {ns.timeout:g}")
+    if ns.args is None:
+        return []
+    try:
+        args = json.loads(ns.args)
+    except json.JSONDecodeError as exc:
+        parser.error(f"--args must be a JSON list of the worker's further arguments, e.g. "
+                     f"--args '[64, \"naive\"]': {ns.args!r} is not JSON ({exc.msg} at "
+                     f"character {exc.pos})")
+    if not isinstance(args, list):
+        parser.error(f"--args must be a JSON list, e.g. --args '[{ns.args}]' for one "
+                     f"argument; got {ns.args!r}")
+    return args
+
+
+def _cmd_run(parser, ns) -> int:
+    fn = _load(parser, ns.target)
+    args = _run_settings(parser, ns)
+    from parlab.errors import LaunchTimeout, WorkerError
     from parlab.torch.torchrun import run_here, under_torchrun
-    if under_torchrun():
-        results, timeline = run_here(fn, args, timeout_s=ns.timeout)
-    else:
-        from parlab.launcher import launch
-        out = launch(fn, ns.nproc, args=args, timeout=ns.timeout)
-        results, timeline = out.results, out.timeline
+    try:
+        if under_torchrun():
+            results, timeline = run_here(fn, args, timeout_s=ns.timeout)
+        else:
+            from parlab.launcher import launch
+            out = launch(fn, ns.nproc, args=args, timeout=ns.timeout)
+            results, timeline = out.results, out.timeline
+    except (WorkerError, LaunchTimeout) as exc:
+        print(f"parlab run: {exc}", file=sys.stderr)
+        return 1
     if results is None:  # not rank 0 under torchrun
         return 0
     print(json.dumps({"results": results}, default=repr))
     print(timeline.summary())
     if ns.trace:
         print(f"trace written to {timeline.to_chrome_trace(ns.trace)}")
+    return 0
+
+
+def _cmd_student_copy(ns) -> int:
+    from parlab.student import StudentCopyError, student_copy
+    try:
+        written, replaced = student_copy(ns.src, ns.dst, force=ns.force)
+    except StudentCopyError as exc:
+        print(f"parlab student-copy: {exc}", file=sys.stderr)
+        return 2
+    for path in replaced:
+        print(f"replaced {path}")
+    for path in written:
+        if path not in replaced:
+            print(f"wrote {path}")
     return 0
 
 
@@ -49,6 +101,8 @@ def main(argv=None) -> int:
     s = sub.add_parser("student-copy", help="copy the labs without solutions or outputs")
     s.add_argument("src", nargs="?", default="labs")
     s.add_argument("dst", nargs="?", default="student")
+    s.add_argument("--force", action="store_true",
+                   help="replace notebooks already in DST (never allowed inside SRC)")
     ns = parser.parse_args(argv)
 
     if ns.command == "info":
@@ -65,12 +119,9 @@ def main(argv=None) -> int:
         from parlab import bench
         return bench.run(ns.only, ns.quick)
     if ns.command == "run":
-        return _cmd_run(ns)
+        return _cmd_run(parser, ns)
     if ns.command == "student-copy":
-        from parlab.exercises import student_copy
-        for path in student_copy(ns.src, ns.dst):
-            print(f"wrote {path}")
-        return 0
+        return _cmd_student_copy(ns)
     return 2
 
 

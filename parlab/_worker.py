@@ -115,6 +115,9 @@ def main(spec: RankSpec, conn) -> None:
     in and when the worker starts, so a timeout can say whether start-up used it up.
     """
     die_with_parent(spec.parent_pid)  # first: a launcher killed from here on takes us along
+    # Programs the rank starts (os.system, Popen(close_fds=False)) must not inherit its end
+    # of the launcher's pipe: the launcher would wait for them to close it.
+    os.set_inheritable(conn.fileno(), False)
     if hasattr(os, "setpgrp"):
         os.setpgrp()  # own process group: a terminal Ctrl-C reaches only the launcher,
         #               and the launcher can stop this rank with anything it started

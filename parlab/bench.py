@@ -21,7 +21,7 @@ def benchmark(name: str):
 
 
 def run(only: str | None = None, quick: bool = False) -> int:
-    names = [only] if only else list(BENCHMARKS)
+    names = [only] if only is not None else list(BENCHMARKS)
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
         print(f"unknown benchmark {unknown[0]!r}; known: {', '.join(BENCHMARKS)}")

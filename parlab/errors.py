@@ -23,17 +23,27 @@ class WorkerError(RuntimeError):
 
     ``rank`` is the rank that failed first (the likely root cause: when one rank dies,
     its peers usually fail a moment later on a broken connection). ``remote_traceback``
-    is that rank's traceback as text; ``other_failures`` lists what else went wrong.
+    is that rank's traceback as text; ``other_failures`` lists what else went wrong;
+    ``same_error`` the other ranks that raised the very same error themselves (a setting
+    every rank checks, say), which is no consequence of the first.
     """
 
     def __init__(self, rank: int, world_size: int, summary: str,
-                 remote_traceback: str = "", other_failures: list[str] | None = None):
+                 remote_traceback: str = "", other_failures: list[str] | None = None,
+                 same_error: list[int] | None = None):
         self.rank = rank
         self.world_size = world_size
         self.summary = summary
         self.remote_traceback = remote_traceback
         self.other_failures = other_failures or []
-        message = f"rank {rank} of {world_size} failed: {summary}"
+        self.same_error = sorted(same_error or [])
+        if self.same_error and len(self.same_error) + 1 == world_size:
+            message = f"every rank of {world_size} failed with the same error: {summary}"
+        else:
+            message = f"rank {rank} of {world_size} failed: {summary}"
+            if self.same_error:
+                message += (f"\n({_ranks(self.same_error)} failed with the same error, "
+                            "each on its own)")
         if self.other_failures:
             message += ("\n(afterwards, probably as a consequence: "
                         + "; ".join(self.other_failures) + ")")

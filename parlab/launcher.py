@@ -17,6 +17,7 @@ import multiprocessing as mp
 import numbers
 import os
 import re
+import secrets
 import shutil
 import signal
 import stat
@@ -31,6 +32,7 @@ from typing import Any, Callable, Sequence
 from . import _worker
 from .errors import LaunchTimeout, TeardownWarning, WorkerError, whole_number
 from .hardware import DeviceSet, cpu_count, devices as describe_devices
+from .processes import LAUNCH_MARK, Guardian, stop_leftovers
 from .trace import Span, Timeline
 
 STACK_FRAMES = 6            # innermost frames shown for a hung or crashed rank
@@ -94,7 +96,8 @@ def launch(fn: Callable, world_size: int, args: Sequence = (), *,
     _check_other_settings(world_size, devices, process_group, env)
     payload = _pack(fn, args, kwargs)
 
-    rank_env = {"PYTHONUNBUFFERED": "1", **(env or {})}
+    mark = secrets.token_hex(8)  # inherited by whatever the ranks start: see processes.py
+    rank_env = {"PYTHONUNBUFFERED": "1", **(env or {}), LAUNCH_MARK: mark}
     devs = devices
     if process_group:
         devs = devices or describe_devices(world_size)
@@ -102,6 +105,7 @@ def launch(fn: Callable, world_size: int, args: Sequence = (), *,
             raise ValueError(f"devices describes {devs.n} devices but world_size is "
                              f"{world_size}: pass parlab.devices({world_size}).")
     folder = _LaunchFolder()
+    guardian = Guardian(mark)    # stops what the ranks started if this process is killed
     procs, conns = [], []
     started = time.perf_counter()
     try:
@@ -112,13 +116,17 @@ def launch(fn: Callable, world_size: int, args: Sequence = (), *,
         dump_paths = [folder.file(f"rank{r}.txt") for r in range(world_size)]
         specs = [_worker.RankSpec(rank, world_size, payload, os.getpid(), seed, rank_env, pg,
                                   dump_paths[rank]) for rank in range(world_size)]
-        _start_ranks(specs, procs, conns)
+        _start_ranks(specs, procs, conns, guardian)
         results, spans = _Collector(procs, conns, dump_paths, started, timeout).run()
     finally:
-        _stop_all(procs)
-        for conn in conns:
-            conn.close()
-        folder.remove()
+        # A second Ctrl-C during the cleanup waits until it is done (then it is delivered).
+        with _interrupts_held():
+            _stop_all(procs)
+            stop_leftovers(mark)  # helpers that left their rank's group (a new session)
+            for conn in conns:
+                conn.close()
+            folder.remove()
+            guardian.done()
     labels = devs.labels() if devs else None
     timeline = Timeline([Span(*s) for s in spans], labels, range(world_size))
     return LaunchResult(results, timeline, devs, time.perf_counter() - started)
@@ -317,7 +325,7 @@ def _interrupts_held():
             signal.raise_signal(signal.SIGINT)  # the previous handler runs now
 
 
-def _start_ranks(specs, procs: list, conns: list) -> None:
+def _start_ranks(specs, procs: list, conns: list, guardian: Guardian) -> None:
     """Start one process per rank, each recorded (for _stop_all) before an interrupt lands."""
     ctx = mp.get_context("spawn")
     for spec in specs:
@@ -331,6 +339,7 @@ def _start_ranks(specs, procs: list, conns: list) -> None:
                 proc.start()
             finally:
                 writer.close()
+            guardian.watch_group(proc.pid)   # the rank leads a process group of that id
 
 
 # --------------------------------------------------------------------------- collecting
@@ -352,9 +361,17 @@ class _Collector:
                       for r in range(self.world_size)}
         self.startup_s: dict[int, float] = {}  # from the launch to the worker's call
         self.open_conns = {conn: rank for rank, conn in enumerate(conns)}
-        self.running = {proc.sentinel: rank for rank, proc in enumerate(procs)}
+        self.running = {_exit_handle(proc): rank for rank, proc in enumerate(procs)}
 
     def run(self):
+        try:
+            return self._run()
+        finally:
+            for handle in self.running:
+                if isinstance(handle, _PidFd):
+                    handle.close()
+
+    def _run(self):
         deadline = self.started + self.timeout
         first_failure_at = None
         while self.running or self.open_conns:
@@ -375,7 +392,10 @@ class _Collector:
                     self._read(obj)
             for obj in ready:
                 if obj in self.running:
-                    self._exited(self.running.pop(obj))
+                    rank = self.running.pop(obj)
+                    if isinstance(obj, _PidFd):
+                        obj.close()
+                    self._exited(rank)
             if self.failures and first_failure_at is None:
                 first_failure_at = time.perf_counter()
         if self.failures:
@@ -405,6 +425,9 @@ class _Collector:
         conn = self.conns[rank]
         while conn in self.open_conns and conn.poll():
             self._read(conn)
+        # All the rank wrote is read. A child it forked may hold its end of the pipe open
+        # for a long while: the rank is done all the same, so stop waiting for the end.
+        self.open_conns.pop(conn, None)
         reported = any(f[1] == rank for f in self.failures)
         if rank not in self.results and not reported:
             self.failures.append((time.time(), rank, *_death_report(code, self.dump_paths[rank])))
@@ -416,8 +439,10 @@ class _Collector:
     def _error(self) -> WorkerError:
         self.failures.sort(key=lambda f: (bool(PEER_LOST.search(f[2])), f[0]))
         _, rank, summary, tb = self.failures[0]
-        others = [f"rank {r}: {s.splitlines()[0] if s else s}" for _, r, s, _ in self.failures[1:]]
-        return WorkerError(rank, self.world_size, summary, tb, others)
+        same = [r for _, r, s, _ in self.failures[1:] if s == summary]
+        others = [f"rank {r}: {s.splitlines()[0] if s else s}"
+                  for _, r, s, _ in self.failures[1:] if s != summary]
+        return WorkerError(rank, self.world_size, summary, tb, others, same)
 
     def _timeout(self) -> LaunchTimeout:
         alive = sorted(self.running.values())
@@ -444,6 +469,36 @@ class _Collector:
             "The results are complete. A slow teardown usually means something the worker "
             "left behind: a thread, a process, or an object whose cleanup blocks."),
             stacklevel=4)  # the caller of launch
+
+
+class _PidFd:
+    """A file descriptor that becomes readable when the process exits (Linux pidfd).
+
+    multiprocessing's own sentinel is a pipe the rank holds open until it exits; a child
+    the rank forks (or execs without closing it) holds it open too, so the sentinel would
+    only fire when that child exits as well. A pidfd fires when the rank itself exits.
+    """
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _exit_handle(proc):
+    """What to wait on for the rank's exit: a pidfd where the system has one."""
+    if hasattr(os, "pidfd_open"):
+        try:
+            return _PidFd(os.pidfd_open(proc.pid))
+        except OSError:   # an older kernel: fall back to the sentinel
+            pass
+    return proc.sentinel
 
 
 def _exit_code(proc, block: bool = False) -> int | None:

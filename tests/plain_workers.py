@@ -10,3 +10,9 @@ def no_torch_raises(rank, world_size):
     if rank == 1:
         raise RuntimeError("plain failure")
     time.sleep(30)
+
+
+def one_rank_slow(rank, world_size, slow=1, seconds=60.0):
+    if rank == slow:
+        time.sleep(seconds)
+    return rank

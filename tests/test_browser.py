@@ -2,16 +2,22 @@
 
 JupyterLab is where the course is used, so every lab is opened there the way a student opens
 it (`make lab`): one JupyterLab server on a free port of 127.0.0.1 with a token, one headless
-Chromium, the labs one after another. For each lab the test checks that
+Chromium, the labs one after another. A lab is not executed a second time: nbval has just
+executed it (``make test`` runs the labs first; ../conftest.py keeps that execution's
+outputs and the explorer's inputs). For each lab the test checks that
 
 * opening it does not mark it modified (a student is not asked to save changes they did not
   make: the stored notebook metadata must already hold what JupyterLab writes into it);
-* Run -> Run All Cells runs every code cell, within a deadline, without an error output;
-* figures are rendered as images, and ipywidgets as controls (not "Error displaying
-  widget"); in a lab with an explorer, moving its first slider redraws its output;
+* every code cell ran, without an error output;
+* figures are displayed as images;
+* in a lab with an explorer, the explorer, called in a live kernel with the inputs the lab
+  computed, renders its controls (not "Error displaying widget") and moving its first
+  slider redraws its figure.
 
-and saves a screenshot per lab in build/screenshots/ for a person to look at. The server
-serves a copy of labs/ in a temporary folder, so nothing in the repository is written.
+Run alone (``pytest tests/test_browser.py``, no nbval in the session), the test falls back
+to Run -> Run All Cells in JupyterLab, within a deadline, and checks the same.
+It saves screenshots in build/screenshots/ for a person to look at. The server serves a
+copy of labs/ in a temporary folder, so nothing in the repository is written.
 
 Needs /usr/bin/chromium and /usr/bin/chromedriver (Debian: `apt-get install chromium
 chromium-driver`; .ci/run installs them) and selenium; without them the browser tests are
@@ -269,10 +275,10 @@ def session(tmp_path_factory, request):
 
 
 def _report(config, timings):
-    lines = [f"{'lab':<28}{'open':>7}{'run all':>9}{'checks':>8}{'total':>8}"]
+    lines = [f"{'lab':<28}{'open':>7}{'run all':>9}{'checks':>8}{'total':>8}  outputs from"]
     for name, t in timings.items():
         lines.append(f"{name:<28}{t['open']:>6.1f}s{t['run']:>8.1f}s{t['checks']:>7.1f}s"
-                     f"{t['total']:>7.1f}s")
+                     f"{t['total']:>7.1f}s  {t['how']}")
     lines.append(f"{'all labs':<28}{'':>24}{sum(t['total'] for t in timings.values()):>7.1f}s")
     text = "\n".join(lines)
     (SCREENSHOTS / "timings.txt").write_text(text + "\n")
@@ -402,14 +408,28 @@ def _cell_head(cell):
 # The browser test, one per lab
 # ---------------------------------------------------------------------------------------
 
+def _executed_copy(config, name):
+    """The lab as nbval executed it in this session (see ../conftest.py), or None."""
+    path = getattr(config, "parlab_executed_labs", {}).get(name)
+    return path if path is not None and path.exists() else None
+
+
 @pytest.mark.browser
 @pytest.mark.timeout(RUN_DEADLINE + OPEN_DEADLINE + 180)
 @pytest.mark.parametrize("nb_path", LABS, ids=[p.stem for p in LABS])
-def test_lab_in_jupyterlab(session, nb_path):
+def test_lab_in_jupyterlab(session, nb_path, request):
+    """Open the lab as nbval executed it (else Run All here); figures, errors, explorer."""
     lab, driver, timings = session
     name = nb_path.name
     for old in (f"{nb_path.stem}.png", f"{nb_path.stem}.FAILED.png"):
         (SCREENSHOTS / old).unlink(missing_ok=True)
+    executed = _executed_copy(request.config, name)
+    if executed is not None:        # serve nbval's execution instead of running it again
+        stored = json.loads(nb_path.read_text(encoding="utf-8"))["metadata"]
+        assert json.loads(executed.read_text(encoding="utf-8"))["metadata"] == stored
+        shutil.copy(executed, lab.root / name)
+        for extra in executed.parent.glob(f"{nb_path.stem}-explorer.*"):
+            shutil.copy(extra, lab.root / extra.name)
     t0 = time.monotonic()
     try:
         state = _open(lab, driver, name)
@@ -418,43 +438,32 @@ def test_lab_in_jupyterlab(session, nb_path):
             f"{name} is marked modified right after opening, before anything ran: its stored "
             "metadata differs from what JupyterLab writes (kernelspec / language_info; "
             "see test_stored_metadata_matches_the_kernel)")
-
-        _run_all(driver, name, code_sources(lab.root / name))
+        if executed is None:
+            _run_all(driver, name, code_sources(lab.root / name))
+            _menu(driver, "File", "docmanager:save")
+            _wait(f"{name} to be saved", lambda: not _state(driver)["dirty"], 30.0)
         t_run = time.monotonic()
+        _check_outputs(lab, driver, name, nb_path)
 
-        # Save through the UI (into the temporary copy) and read what JupyterLab holds.
-        _menu(driver, "File", "docmanager:save")
-        _wait(f"{name} to be saved", lambda: not _state(driver)["dirty"], 30.0)
-        nb = json.loads((lab.root / name).read_text(encoding="utf-8"))
-        code = [(i, c) for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code"]
-
-        def where(i, c):   # numbered as JupyterLab's status bar numbers cells
-            return f"cell {i + 1} of {len(nb['cells'])} ({_cell_head(c)!r})"
-
-        errors = [f"{where(i, c)}: {o.get('ename')}: {o.get('evalue')}"
-                  for i, c in code for o in c["outputs"] if o["output_type"] == "error"]
-        assert not errors, f"{name}: error output:\n" + "\n".join(errors)
-        not_run = [where(i, c) for i, c in code if c.get("execution_count") is None]
-        assert not not_run, f"{name}: cells without an execution count: {not_run}"
-
-        images = sum("image/png" in o.get("data", {}) for _, c in code for o in c["outputs"])
-        rendered = driver.execute_script("""
-            return [...document.querySelectorAll(
-                '.jp-NotebookPanel:not(.lm-mod-hidden) .jp-OutputArea-output img')]
-              .filter(i => i.complete && i.naturalWidth > 0).length;""")
-        if makes_plots(nb_path):
-            assert images >= 1, f"{name} plots, but no figure came out (image/png outputs: 0)"
-        assert rendered >= images, (
-            f"{name}: {images} figures in the outputs, {rendered} rendered as images")
-
-        if uses_widgets(nb_path):
+        explorer = lab.root / f"{nb_path.stem}-explorer.ipynb"
+        if uses_widgets(nb_path) and executed is not None:
+            assert explorer.exists(), (f"{name} has an explorer, but nbval's run left no "
+                                       "inputs for it (see ../conftest.py)")
+            driver.save_screenshot(str(SCREENSHOTS / f"{nb_path.stem}.png"))
+            _open(lab, driver, explorer.name)
+            _run_all(driver, explorer.name, code_sources(explorer))
             _check_widgets(driver, name)
+            driver.save_screenshot(str(SCREENSHOTS / f"{nb_path.stem}-explorer.png"))
+        elif uses_widgets(nb_path):
+            _check_widgets(driver, name)
+            driver.save_screenshot(str(SCREENSHOTS / f"{nb_path.stem}.png"))
         else:
             _scroll_to(driver, ".jp-OutputArea-output img")
-        driver.save_screenshot(str(SCREENSHOTS / f"{nb_path.stem}.png"))
+            driver.save_screenshot(str(SCREENSHOTS / f"{nb_path.stem}.png"))
         t_end = time.monotonic()
         timings[name] = {"open": t_open - t0, "run": t_run - t_open, "checks": t_end - t_run,
-                         "total": t_end - t0}
+                         "total": t_end - t0,
+                         "how": "nbval's run" if executed is not None else "Run All here"}
     except Exception:
         try:
             driver.save_screenshot(str(SCREENSHOTS / f"{nb_path.stem}.FAILED.png"))
@@ -463,6 +472,36 @@ def test_lab_in_jupyterlab(session, nb_path):
         raise
     finally:
         lab.shutdown_kernels()
+
+
+def _check_outputs(lab, driver, name, nb_path):
+    """Every code cell ran, none failed, and every figure is displayed as an image."""
+    nb = json.loads((lab.root / name).read_text(encoding="utf-8"))
+    code = [(i, c) for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code"]
+
+    def where(i, c):   # numbered as JupyterLab's status bar numbers cells
+        return f"cell {i + 1} of {len(nb['cells'])} ({_cell_head(c)!r})"
+
+    errors = [f"{where(i, c)}: {o.get('ename')}: {o.get('evalue')}"
+              for i, c in code for o in c["outputs"] if o["output_type"] == "error"]
+    assert not errors, f"{name}: error output:\n" + "\n".join(errors)
+    not_run = [where(i, c) for i, c in code if c.get("execution_count") is None]
+    assert not not_run, f"{name}: cells without an execution count: {not_run}"
+
+    images = sum("image/png" in o.get("data", {}) for _, c in code for o in c["outputs"])
+    if makes_plots(nb_path):
+        assert images >= 1, f"{name} plots, but no figure came out (image/png outputs: 0)"
+
+    def rendered():
+        return driver.execute_script("""
+            return [...document.querySelectorAll(
+                '.jp-NotebookPanel:not(.lm-mod-hidden) .jp-OutputArea-output img')]
+              .filter(i => i.complete && i.naturalWidth > 0).length;""")
+    try:   # outputs of a long notebook are laid out as it scrolls into view
+        _wait(f"{name}: {images} figures to be displayed", lambda: rendered() >= images, 30.0)
+    except AssertionError:
+        raise AssertionError(f"{name}: {images} figures in the outputs, {rendered()} displayed "
+                             "as images") from None
 
 
 def _scroll_to(driver, selector):
@@ -475,9 +514,28 @@ def _scroll_to(driver, selector):
 
 WIDGET_OUT = ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-OutputArea-output .jupyter-widgets"
 
+# The explorer is read afresh on every look: a redraw replaces its elements, and an element
+# found before it would be stale (StaleElementReferenceException).
+JS_EXPLORER = """
+const slider = document.querySelector(arguments[0] + ' .widget-slider');
+if (!slider) return null;
+const box = slider.closest('.widget-vbox');
+const img = box ? box.querySelector('.widget-output img') : null;
+const readout = slider.querySelector('.widget-readout');
+const errs = box ? [...box.querySelectorAll('[data-mime-type="%s"]')].map(e => e.textContent)
+                 : [];
+return {value: readout ? readout.textContent.trim() : null,
+        picture: img ? img.getAttribute('src') : null, errors: errs};
+""" % STDERR_MIME
+
+
+def _explorer(driver):
+    return driver.execute_script(JS_EXPLORER, WIDGET_OUT)
+
 
 def _check_widgets(driver, name):
     """Controls rendered, no widget error; the first slider moved redraws its output."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
@@ -485,36 +543,32 @@ def _check_widgets(driver, name):
     text = driver.execute_script(
         "return document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)').textContent")
     assert "Error displaying widget" not in text, f"{name}: Error displaying widget"
-    sliders = driver.find_elements(By.CSS_SELECTOR, f"{WIDGET_OUT} .widget-slider")
-    assert sliders, f"{name} uses widgets, but no slider was rendered"
-
-    slider = sliders[0]
-    box = slider.find_element(By.XPATH, "./ancestor::div[contains(@class,'widget-vbox')][1]")
-    driver.execute_script("arguments[0].scrollIntoView({block: 'start'})", box)
-    time.sleep(0.5)
-
-    def picture():
-        imgs = box.find_elements(By.CSS_SELECTOR, ".widget-output img")
-        return imgs[0].get_attribute("src") if imgs else None
-
-    def readout():
-        return slider.find_element(By.CSS_SELECTOR, ".widget-readout").text.strip()
-
-    before, value = picture(), readout()
-    assert before, f"{name}: the explorer shows no figure before it is touched"
-    handle = slider.find_element(By.CSS_SELECTOR, ".noUi-handle")
-    ActionChains(driver).click(handle).send_keys(Keys.ARROW_RIGHT).perform()
-    _wait(f"{name}: the slider to move from {value}", lambda: readout() != value, 10.0)
-    moved = readout()
+    first = _wait(f"{name}: an explorer's slider and its figure",
+                  lambda: (lambda e: e if e and e["picture"] else None)(_explorer(driver)), 30.0)
+    before, value = first["picture"], first["value"]
+    driver.execute_script("""
+        const s = document.querySelector(arguments[0] + ' .widget-slider');
+        s.closest('.widget-vbox').scrollIntoView({block: 'start'});""", WIDGET_OUT)
+    for attempt in range(3):      # a redraw between finding the handle and clicking it
+        try:
+            handle = driver.find_element(By.CSS_SELECTOR, f"{WIDGET_OUT} .widget-slider "
+                                                          ".noUi-handle")
+            ActionChains(driver).click(handle).send_keys(Keys.ARROW_RIGHT).perform()
+            break
+        except StaleElementReferenceException:
+            if attempt == 2:
+                raise
+    _wait(f"{name}: the slider to move from {value}",
+          lambda: _explorer(driver)["value"] != value, 10.0)
+    moved = _explorer(driver)["value"]
     try:
-        _wait(f"{name}: the explorer's figure to change", lambda: picture() not in (None, before),
-              30.0)
+        _wait(f"{name}: the explorer's figure to change",
+              lambda: _explorer(driver)["picture"] not in (None, before), 30.0)
     except AssertionError:
-        errs = box.find_elements(By.CSS_SELECTOR, f'[data-mime-type="{STDERR_MIME}"]')
         raise AssertionError(f"{name}: slider moved {value} -> {moved}, the figure did not "
-                             f"change; widget output: {[e.text for e in errs]}") from None
-    errs = box.find_elements(By.CSS_SELECTOR, f'[data-mime-type="{STDERR_MIME}"]')
-    assert not errs, f"{name}: the explorer printed an error: {[e.text for e in errs]}"
+                             f"change; widget output: {_explorer(driver)['errors']}") from None
+    errs = _explorer(driver)["errors"]
+    assert not errs, f"{name}: the explorer printed an error: {errs}"
 
 
 # ---------------------------------------------------------------------------------------

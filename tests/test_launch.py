@@ -234,3 +234,20 @@ def test_the_same_worker_runs_under_torchrun(tmp_path):
     trace = json.loads(trace_path.read_text())
     lanes = {e["pid"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
     assert lanes == {0, 1}
+
+
+def test_under_torchrun_a_timeout_names_the_slow_rank(tmp_path):
+    """No launcher watches torchrun's ranks: rank 0 names the rank that had not finished."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip("torchrun is not installed next to this python")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "parlab", "run",
+         "plain_workers:one_rank_slow", "--args", "[1, 120]", "--timeout", "20"],
+        capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "rank 1: had not finished its rank function" in out, out[-3000:]
+    assert time.monotonic() - t0 < 110, "the run waited for the slow rank instead of its timeout"

@@ -15,7 +15,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "parlab"
 CORE = {"trace", "metrics", "schedules", "splitting", "grid", "data", "errors", "plot", "sim",
         "processes", "zero_memory"}
 ABOVE_STRATEGIES = {"parlab.launcher", "parlab._worker", "parlab.exercises",
-                    "parlab.experiments", "parlab.widgets", "parlab.bench", "parlab.__main__"}
+                    "parlab.experiments", "parlab.widgets", "parlab.bench", "parlab.__main__",
+                    "parlab.student"}
 FRAMEWORKS = ("torch", "tensorflow", "keras", "parlab.torch", "parlab.tf")
 
 

@@ -16,6 +16,7 @@ This machine is measured, never assumed: ``this_machine(calibration)`` takes wha
 """
 from __future__ import annotations
 
+from .checks import count
 from .model import Cluster, Link, calibrated
 
 SUSTAINED_COMPUTE = 0.40
@@ -42,6 +43,7 @@ def t4_pcie(devices: int = 2) -> Cluster:
     goes through host memory and crosses PCIe twice: half the PCIe rate (an
     assumption), and 10 us.
     """
+    devices = count("t4_pcie", "devices", devices)
     through_host = 15.75e9 / 2
     return _gpu(f"{devices} × T4 (PCIe)", devices, devices, 16, 65e12, 320e9,
                 through_host, 10e-6, through_host, 10e-6)
@@ -54,6 +56,7 @@ def a100_nvlink(devices: int = 8) -> Cluster:
     HBM2e at 2039 GB/s; 312 TFLOP/s dense BF16/FP16 (624 with sparsity); NVLink 3:
     600 GB/s per GPU both directions together, 300 GB/s each way.
     """
+    devices = count("a100_nvlink", "devices", devices)
     return _gpu(f"{devices} × A100 (NVLink)", devices, 8, 80, 312e12, 2039e9,
                 300e9, 3e-6, 25e9, 8e-6)
 
@@ -65,6 +68,7 @@ def h100_nvlink(devices: int = 8) -> Cluster:
     at 3.35 TB/s; 989 TFLOP/s dense BF16 (1979 with sparsity); NVLink 4: 900 GB/s per
     GPU both directions together, 450 GB/s each way.
     """
+    devices = count("h100_nvlink", "devices", devices)
     return _gpu(f"{devices} × H100 (NVLink)", devices, 8, 80, 989e12, 3.35e12,
                 450e9, 3e-6, 50e9, 8e-6)
 
@@ -75,6 +79,7 @@ def h100_infiniband(nodes: int = 2) -> Cluster:
     DGX H100 user guide: 8 ConnectX-7 ports of 400 Gb/s per node, one per GPU: 50 GB/s
     per GPU between nodes (each way), against 450 GB/s of NVLink inside a node.
     """
+    nodes = count("h100_infiniband", "nodes", nodes)
     inside = h100_nvlink(8)
     return Cluster(f"{nodes} nodes × 8 H100 (InfiniBand NDR)", 8 * nodes, inside.memory_bytes,
                    inside.flops, inside.layer_overhead_s, 8, inside.intra,
@@ -89,6 +94,7 @@ def v100_dgx2h(devices: int = 16) -> Cluster:
     per GPU both directions, 150 GB/s each way. Compute is set elsewhere from the
     paper's own single-GPU baseline (``published.megatron_weak_scaling``).
     """
+    devices = count("v100_dgx2h", "devices", devices)
     return _gpu(f"{devices} × V100 (DGX-2H, NVSwitch)", devices, 16, 32, 125e12, 900e9,
                 150e9, 5e-6, 12.5e9, 10e-6)
 

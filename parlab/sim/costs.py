@@ -27,6 +27,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from ..errors import whole_number
+from .checks import amount, count
 
 
 # ------------------------------------------------------------------ the network
@@ -43,6 +44,14 @@ class Layer:
     replicated_bytes: float = 0.0    # read + written by work every tp rank repeats
     tp_all_reduces: int = 0          # a Megatron block: all-reduces of its output per pass
                                      # (0: a plain linear layer, paired column-then-row)
+
+    def __post_init__(self):
+        owner = f"Layer {self.name!r}"
+        count(owner, "params", self.params, minimum=0)
+        count(owner, "tp_all_reduces", self.tp_all_reduces, minimum=0)
+        for name in ("flops", "out_elems", "saved_elems", "elementwise_bytes",
+                     "replicated_bytes"):
+            amount(owner, name, getattr(self, name))
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,18 @@ class Network:
     state: dict = field(default_factory=lambda: {"params": 4, "grads": 4, "optimizer": 0})
     grad_wire_bytes: int = 4
     update_bytes: float = 12.0
+
+    def __post_init__(self):
+        owner = f"Network {self.name!r}"
+        if not self.layers or not all(isinstance(x, Layer) for x in self.layers):
+            raise ValueError(f"{owner}: layers must be a non-empty tuple of Layer, got "
+                             f"{self.layers!r}")
+        amount(owner, "in_elems", self.in_elems)
+        amount(owner, "act_bytes", self.act_bytes, unit="bytes", positive=True)
+        amount(owner, "grad_wire_bytes", self.grad_wire_bytes, unit="bytes")
+        amount(owner, "update_bytes", self.update_bytes, unit="bytes")
+        for part in ("params", "grads", "optimizer"):
+            amount(owner, f"state[{part!r}]", self.state.get(part), unit="bytes")
 
     @property
     def params(self) -> int:

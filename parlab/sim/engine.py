@@ -40,12 +40,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..trace import COMM, COMPUTE, WAIT, Span, Timeline
+from .checks import amount
 
 
 @dataclass(frozen=True)
 class Compute:
     name: str
     seconds: float
+
+    def __post_init__(self):     # a NaN here would keep the clock from ever passing it
+        amount(f"Compute {self.name!r}", "seconds", self.seconds, unit="seconds")
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,10 @@ class Send:
     name: str = "send"
     axis: str | None = None
     blocking: bool = False       # a blocking send waits for its receive; isend does not
+
+    def __post_init__(self):
+        amount(f"Send {self.name!r}", "seconds", self.seconds, unit="seconds")
+        amount(f"Send {self.name!r}", "nbytes", self.nbytes, unit="bytes")
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,10 @@ class Collective:
     name: str = "all-reduce"
     axis: str | None = None
     background: bool = False     # runs on the rank's second lane; the rank goes on
+
+    def __post_init__(self):
+        amount(f"Collective {self.name!r}", "seconds", self.seconds, unit="seconds")
+        amount(f"Collective {self.name!r}", "nbytes", self.nbytes, unit="bytes")
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from ..metrics import fit_link, pipeline_bubble
+from .checks import amount, count
 
 AXES = ("dp", "pp", "tp")      # the default order: tensor parallel innermost (fastest)
 
@@ -41,6 +42,11 @@ class Link:
     latency_s: float
     bandwidth_Bps: float
 
+    def __post_init__(self):
+        amount("Link", "latency_s", self.latency_s, unit="seconds")
+        amount("Link", "bandwidth_Bps", self.bandwidth_Bps, unit="bytes per second",
+               positive=True, infinite=True)
+
     def time(self, nbytes: float) -> float:
         return self.latency_s + nbytes / self.bandwidth_Bps
 
@@ -50,13 +56,13 @@ class Link:
 
 def send_s(nbytes: float, link: Link) -> float:
     """One point-to-point message: alpha + S / beta."""
-    return link.time(nbytes)
+    return link.time(amount("send_s", "nbytes", nbytes, unit="bytes"))
 
 
 def all_reduce_s(nbytes: float, n: int, link: Link) -> float:
     """Ring all-reduce of S bytes over n ranks: 2(n-1) alpha + 2(n-1)/n S / beta (0 if n = 1)."""
-    if n < 1:
-        raise ValueError("n must be >= 1")
+    n = count("all_reduce_s", "n (ranks)", n)
+    nbytes = amount("all_reduce_s", "nbytes", nbytes, unit="bytes")
     if n == 1:
         return 0.0
     return 2 * (n - 1) * link.latency_s + 2 * (n - 1) / n * nbytes / link.bandwidth_Bps
@@ -85,6 +91,23 @@ class Cluster:
     wake_latency_s: float = 0.0     # a rank that blocked on a peer resumes this late (CPU)
     cores: int = 0                  # processors the devices share (0: each its own, GPUs)
 
+    def __post_init__(self):
+        owner = f"Cluster {self.name!r}"
+        count(owner, "devices", self.devices)
+        count(owner, "devices_per_node", self.devices_per_node)
+        count(owner, "cores", self.cores, minimum=0)
+        amount(owner, "memory_bytes", self.memory_bytes, unit="bytes", positive=True,
+               infinite=True)
+        amount(owner, "flops", self.flops, unit="FLOP/s", positive=True, infinite=True)
+        amount(owner, "memory_bandwidth_Bps", self.memory_bandwidth_Bps,
+               unit="bytes per second", positive=True, infinite=True)
+        for name in ("layer_overhead_s", "collective_overhead_s", "wake_latency_s"):
+            amount(owner, name, getattr(self, name), unit="seconds")
+        for name in ("intra", "inter"):
+            if not isinstance(getattr(self, name), Link):
+                raise ValueError(f"{owner}: {name} must be a Link(latency_s, bandwidth_Bps), "
+                                 f"got {getattr(self, name)!r}")
+
     def link(self, group_span: int) -> Link:
         """The link a group uses when it spans ``group_span`` consecutive devices."""
         return self.intra if group_span <= self.devices_per_node else self.inter
@@ -112,6 +135,16 @@ class Workload:
     state_bytes_per_param: float    # weights + gradients + optimizer state
     grad_bytes_per_param: float     # a gradient on the wire (data parallel)
     dp_messages: int = 1            # all-reduces per step over dp (1: one bucket)
+
+    def __post_init__(self):
+        owner = f"Workload {self.name!r}"
+        count(owner, "layers", self.layers)
+        count(owner, "tp_messages", self.tp_messages, minimum=0)
+        count(owner, "dp_messages", self.dp_messages)
+        for name in ("params", "flops_per_sample", "act_split_bytes", "act_whole_bytes",
+                     "boundary_bytes", "tp_bytes", "state_bytes_per_param",
+                     "grad_bytes_per_param"):
+            amount(owner, name, getattr(self, name))
 
     @classmethod
     def mlp(cls, sizes, *, dp_messages: int = 1, name: str | None = None):
@@ -169,6 +202,13 @@ class Plan:
     pp: int = 1
     micro_batches: int = 1
     order: tuple = AXES
+
+    def __post_init__(self):
+        for name in ("dp", "tp", "pp", "micro_batches"):
+            count("Plan", name, getattr(self, name))
+        if sorted(self.order) != sorted(AXES):
+            raise ValueError(f"Plan: order must name each of {AXES} once (outermost first), "
+                             f"got {self.order!r}")
 
     @property
     def devices(self) -> int:
@@ -327,6 +367,7 @@ def with_links(c: Cluster, *, intra: Link | None = None, inter: Link | None = No
 #    large models (Narayanan et al., 2021: 44-52 % of the A100's peak).
 def h100_nodes(nodes: int = 1) -> Cluster:
     """``nodes`` DGX-H100-like nodes of 8 GPUs (figures from the datasheets above)."""
+    nodes = count("h100_nodes", "nodes", nodes)
     return Cluster(f"{nodes} node{'s' * (nodes > 1)} × 8 H100", 8 * nodes, 80e9,
                    flops=0.4 * 989e12, layer_overhead_s=20e-6, devices_per_node=8,
                    intra=Link(3e-6, 450e9), inter=Link(8e-6, 50e9))

@@ -10,12 +10,16 @@ gathers results and spans on rank 0::
 from __future__ import annotations
 
 import os
+import re
 import socket
+import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from .. import trace
+from ..errors import LaunchTimeout
 from ..hardware import MODE_ENV
 from . import runtime
 
@@ -43,11 +47,16 @@ def run_here(fn, args=(), *, seed: int = 0, timeout_s: float = 600.0):
     shared = mode == "shared-gpu" and local_gpus > 0
     on_gpu = (mode != "cpu" and local_gpus >= local_size and dist.is_nccl_available()) or shared
     trace.install(trace.Recorder(rank))
+    started = time.monotonic()
     runtime.init_rank(rank, world_size, backend="nccl" if on_gpu and not shared else "gloo",
                       device_kind="cuda" if on_gpu else "cpu", seed=seed,
                       timeout_s=timeout_s, local_rank=local_rank)
+    # monitored_barrier, which names the ranks that did not arrive, runs on gloo alone
+    monitor = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
     try:
         result = runtime.to_plain(fn(rank, world_size, *args))
+        _all_finished(rank, world_size, monitor, timeout_s - (time.monotonic() - started),
+                      timeout_s)
         gathered = [None] * world_size if rank == 0 else None
         payload = (result, trace.recorder().spans(), socket.gethostname())
         dist.gather_object(payload, gathered, dst=0)
@@ -60,3 +69,29 @@ def run_here(fn, args=(), *, seed: int = 0, timeout_s: float = 600.0):
     where = "cuda (shared)" if shared else "cuda" if on_gpu else "cpu"
     labels = {r: f"rank {r} · {gathered[r][2]} {where} (torchrun)" for r in range(world_size)}
     return results, trace.Timeline(spans, labels, range(world_size))
+
+
+def _all_finished(rank: int, world_size: int, group, left_s: float, timeout_s: float) -> None:
+    """Wait for every rank to finish its function, within what is left of the timeout.
+
+    Under torchrun no launcher watches the ranks: a rank still working when the time is up
+    would only show as a gather that timed out. ``monitored_barrier`` (gloo) instead tells
+    rank 0 which ranks did not arrive, and the error names them.
+    """
+    try:
+        dist.monitored_barrier(group=group, timeout=timedelta(seconds=max(left_s, 0.001)),
+                               wait_all_ranks=True)
+    except RuntimeError as exc:
+        text = str(exc)
+        late = re.search(r"Ranks? ([\d, ]+) failed to pass", text)
+        ranks = [int(r) for r in late.group(1).replace(",", " ").split()] if late else []
+        if rank == 0 and ranks:
+            raise LaunchTimeout(timeout_s, world_size,
+                                {r: "had not finished its rank function (under torchrun: no "
+                                    "stack to show)" for r in ranks}) from None
+        if rank != 0:
+            raise LaunchTimeout(timeout_s, world_size,
+                                {rank: "finished, but rank 0 did not confirm that every rank "
+                                       "had: see rank 0's error for the ranks still working"}
+                                ) from None
+        raise

@@ -1,0 +1,37 @@
+"""Checks on the numbers that enter the cost model, where they enter.
+
+A NaN or a negative figure does not fail loudly further in: a NaN duration never lets the
+event engine's clock pass a deadline (a cell that never returns), a negative bandwidth
+predicts a faster step, a zero one divides by zero. So every input class (``Link``,
+``Cluster``, ``Workload``, ``Plan``, ``Layer``, ``Network``) and every preset checks its
+fields when it is built, and the message names the field and the value it got.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+from ..errors import whole_number
+
+
+def amount(owner: str, name: str, value, *, unit: str = "", positive: bool = False,
+           infinite: bool = False) -> float:
+    """``value`` as a float: a real number >= 0 (> 0 if ``positive``), finite unless
+    ``infinite`` (an unlimited bandwidth, say). Raises ValueError naming ``owner.name``."""
+    ok = (isinstance(value, numbers.Real) and not isinstance(value, bool)
+          and not math.isnan(value) and (value > 0 if positive else value >= 0)
+          and (infinite or math.isfinite(value)))
+    if not ok:
+        bound = "above 0" if positive else "0 or more"
+        kind = "a number" + ("" if infinite else " (finite)")
+        what = f" {unit}" if unit else ""
+        raise ValueError(f"{owner}: {name} must be {kind} {bound}{what}, got {value!r}")
+    return float(value)
+
+
+def count(owner: str, name: str, value, minimum: int = 1) -> int:
+    """``value`` as an int: a whole number >= ``minimum``. Raises ValueError naming it."""
+    n = whole_number(value)
+    if n is None or n < minimum:
+        raise ValueError(f"{owner}: {name} must be a whole number >= {minimum}, got {value!r}")
+    return n
