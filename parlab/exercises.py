@@ -12,7 +12,6 @@ lab always runs to the end.
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field

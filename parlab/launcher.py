@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 from . import _worker
 from .errors import LaunchTimeout, TeardownWarning, WorkerError, whole_number
 from .hardware import DeviceSet, cpu_count, devices as describe_devices
-from .processes import LAUNCH_MARK, Guardian, stop_leftovers
+from .processes import LAUNCH_MARK, Guardian, group_has_live_member, stop_leftovers
 from .trace import Span, Timeline
 
 STACK_FRAMES = 6            # innermost frames shown for a hung or crashed rank
@@ -684,28 +684,7 @@ def _still_running(proc) -> bool:
         os.killpg(proc.pid, 0)
     except (ProcessLookupError, PermissionError):
         return False
-    return _group_has_live_member(proc.pid)
-
-
-def _group_has_live_member(pgid: int) -> bool:
-    """False when all that is left in the group are zombies (where /proc tells).
-
-    A helper whose rank exited first was re-parented to init, which may reap it late (or,
-    in some containers, never); a zombie runs nothing, so waiting for it is pointless.
-    """
-    try:
-        entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
-    except OSError:
-        return True
-    for pid in entries:
-        try:
-            with open(f"/proc/{pid}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()  # after "pid (command)"
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            return True
-    return False
+    return group_has_live_member(proc.pid)
 
 
 def _signal_group(proc, sig) -> None:

@@ -80,6 +80,17 @@ def _stat_fields(pid: int) -> list[str] | None:
         return None
 
 
+def group_has_live_member(pgid: int) -> bool:
+    """False when all that is left in the group are zombies (where /proc tells).
+
+    A helper whose rank exited first was re-parented to init, which may reap it late (or,
+    in some containers, never); a zombie runs nothing, so waiting for it is pointless.
+    """
+    if not os.path.isdir("/proc"):
+        return True
+    return bool(leftovers(None, (pgid,)))
+
+
 def leftovers(mark: str | None, groups=()) -> list[int]:
     """Live processes of this user that carry ``mark`` or belong to one of ``groups``."""
     needle = f"\0{LAUNCH_MARK}={mark}\0".encode() if mark else None

@@ -6,7 +6,6 @@ Before: ``student-copy labs labs`` stripped the solutions from every lab in plac
 ``--args notjson`` as a bare JSONDecodeError; ``bench --only ''`` ran every benchmark;
 an empty or missing folder or a broken notebook gave a traceback or silence.
 """
-import json
 import os
 import shutil
 import subprocess

@@ -18,9 +18,10 @@ import time
 from pathlib import Path
 
 import cloudpickle
-import psutil
 import pytest
 import workers
+from process_helpers import alive as _alive, gone_within as _gone_within, kill as _kill
+from process_helpers import pids_in as _pids_in, wait_for_pids as _wait_for_pids
 
 import parlab
 from parlab import LaunchTimeout, WorkerError
@@ -32,47 +33,6 @@ LOOPBACK = {"127.0.0.1", "::1"}
 
 
 # ---------------------------------------------------------------- helpers
-def _alive(pids):
-    """Those of ``pids`` still running (a zombie has finished: it only awaits its parent)."""
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
-def _gone_within(pids, seconds):
-    deadline = time.monotonic() + seconds
-    while _alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not _alive(pids)
-
-
-def _kill(pids):
-    """Test cleanup: stop what a failing test left running, by pid."""
-    for pid in _alive(pids):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def _pids_in(path: Path) -> list[int]:
-    return [int(p) for p in path.read_text().split()] if path.exists() else []
-
-
-def _wait_for_pids(path: Path, n: int, seconds: float = 60) -> list[int]:
-    deadline = time.monotonic() + seconds
-    while len(_pids_in(path)) < n and time.monotonic() < deadline:
-        time.sleep(0.05)
-    pids = _pids_in(path)
-    assert len(pids) >= n, f"only {len(pids)} of {n} processes reported in"
-    return pids
-
-
 def _wait_until_rank_code_runs(pid, seconds=30):
     """Until the rank leads its own process group: parlab's rank code is running."""
     deadline = time.monotonic() + seconds

@@ -31,6 +31,8 @@ import cloudpickle
 import psutil
 import pytest
 from conftest import rank_processes
+from process_helpers import alive as _alive, gone_within as _gone_within, kill as _kill
+from process_helpers import pids_in as _pids_in, wait_for_pids as _wait_for_pids
 
 import parlab
 from parlab import LaunchTimeout, WorkerError
@@ -40,47 +42,6 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 ROOT = Path(__file__).resolve().parents[1]
 CHILD_KINDS = ("os.fork", "os.system &", "Popen(close_fds=False)", "fork-context child",
                "new session")
-
-
-# ---------------------------------------------------------------- helpers
-def _alive(pids):
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
-def _gone_within(pids, seconds):
-    end = time.monotonic() + seconds
-    while _alive(pids) and time.monotonic() < end:
-        time.sleep(0.05)
-    return not _alive(pids)
-
-
-def _kill(pids):
-    for pid in _alive(pids):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def _pids_in(path):
-    path = Path(path)
-    return [int(p) for p in path.read_text().split()] if path.exists() else []
-
-
-def _wait_for_pids(path, n, seconds=60):
-    end = time.monotonic() + seconds
-    while len(_pids_in(path)) < n and time.monotonic() < end:
-        time.sleep(0.05)
-    pids = _pids_in(path)
-    assert len(pids) >= n, f"only {len(pids)} of {n} processes reported in"
-    return pids
 
 
 # ---------------------------------------------------------------- rank code
