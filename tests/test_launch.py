@@ -245,7 +245,7 @@ def test_under_torchrun_a_timeout_names_the_slow_rank(tmp_path):
     t0 = time.monotonic()
     proc = subprocess.run(
         [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "parlab", "run",
-         "plain_workers:one_rank_slow", "--args", "[1, 120]", "--timeout", "20"],
+         "plain_workers:one_rank_slow", "--args", "[1, 120]", "--timeout", "10"],
         capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
     assert proc.returncode != 0
     out = proc.stdout + proc.stderr
