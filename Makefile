@@ -39,9 +39,10 @@ test: install
 test-gpu:
 	@scripts/test-gpu.sh
 
-# The quick loop while working on the code: the package's tests, no notebooks, no browser.
+# The quick loop while working on the code: the package's tests without the notebooks,
+# the browser, and the tests marked slow (soaks, torchrun, TensorFlow, student copies run).
 test-fast: install
-	$(PY) -m pytest -p no:cacheprovider -rs -m "not browser" tests
+	$(PY) -m pytest -p no:cacheprovider -rs -m "not browser and not slow" tests
 
 bench: install
 	$(PY) -m parlab bench

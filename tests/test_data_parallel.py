@@ -2,18 +2,38 @@
 import numpy as np
 import pytest
 
+from batched import launch_each
+from conftest import rank_processes
+
 import parlab
 from parlab.torch import data_parallel as dp
 
 TOL = 1e-5
+STEPS, BATCH = 4, 96
+EQUIVALENCE = [("by_hand", 2), ("by_hand", 4), ("ddp", 2), ("ddp", 4), ("ring", 3)]
+RINGS = [(2, 8), (3, 7), (4, 5)]
 
 
-@pytest.mark.parametrize("mode,world_size", [("by_hand", 2), ("by_hand", 4), ("ddp", 2), ("ddp", 4),
-                                             ("ring", 3)])
-def test_data_parallel_equals_one_device_on_the_global_batch(mode, world_size, no_leftover_ranks):
-    steps, batch = 4, 96
+@pytest.fixture(scope="module")
+def runs():
+    """Every launch of this module's tests, one launch per world size."""
+    calls = {}
+    for mode, n in EQUIVALENCE:
+        calls.setdefault(n, {})[mode] = (dp.train_data_parallel, (mode, "mlp", BATCH, STEPS, 0.1, 0.1))
+    for mode in ("ddp", "ddp_fp16"):
+        calls[2][f"fp16 {mode}"] = (dp.train_data_parallel, (mode, "mlp", 64, 3, 0.1, 0.1))
+    for n, numel in RINGS:
+        calls[n]["ring demo"] = (dp.ring_demo, (numel,))
+    out = {n: launch_each(c, n) for n, c in calls.items()}
+    assert not rank_processes(), "ranks left running"
+    return out
+
+
+@pytest.mark.parametrize("mode,world_size", EQUIVALENCE)
+def test_data_parallel_equals_one_device_on_the_global_batch(mode, world_size, runs):
+    steps, batch = STEPS, BATCH
     ref = dp.train_single(global_batch=batch, steps=steps)
-    out = parlab.launch(dp.train_data_parallel, world_size, args=(mode, "mlp", batch, steps, 0.1, 0.1))
+    out = runs[world_size][mode]
     for k, v in ref["state"].items():
         np.testing.assert_allclose(out.results[0]["state"][k], v, atol=TOL, err_msg=k)
     for r in out.results[1:]:  # replicas stay identical, bit for bit
@@ -29,18 +49,18 @@ def test_data_parallel_equals_one_device_on_the_global_batch(mode, world_size, n
         assert out.results[0]["buckets_each_step"][1:] == [out.results[0]["buckets_each_step"][-1]] * (steps - 1)
 
 
-def test_fp16_compression_halves_the_bytes_and_stays_close(no_leftover_ranks):
+def test_fp16_compression_halves_the_bytes_and_stays_close(runs):
     ref = dp.train_single(global_batch=64, steps=3)
-    runs = {m: parlab.launch(dp.train_data_parallel, 2, args=(m, "mlp", 64, 3, 0.1, 0.1)) for m in ("ddp", "ddp_fp16")}
-    sent = {m: sum(s.bytes for s in r.timeline if s.rank == 2) for m, r in runs.items()}
+    pair = {m: runs[2][f"fp16 {m}"] for m in ("ddp", "ddp_fp16")}
+    sent = {m: sum(s.bytes for s in r.timeline if s.rank == 2) for m, r in pair.items()}
     assert sent["ddp_fp16"] * 2 == sent["ddp"]
-    drift = max(float(np.abs(runs["ddp_fp16"].results[0]["state"][k] - ref["state"][k]).max()) for k in ref["state"])
+    drift = max(float(np.abs(pair["ddp_fp16"].results[0]["state"][k] - ref["state"][k]).max()) for k in ref["state"])
     assert 0 < drift < 1e-3
 
 
-@pytest.mark.parametrize("world_size,numel", [(2, 8), (3, 7), (4, 5)])
-def test_the_ring_all_reduce_equals_the_sum(world_size, numel, no_leftover_ranks):
-    out = parlab.launch(dp.ring_demo, world_size, args=(numel,)).results
+@pytest.mark.parametrize("world_size,numel", RINGS)
+def test_the_ring_all_reduce_equals_the_sum(world_size, numel, runs):
+    out = runs[world_size]["ring demo"].results
     expected = sum(np.arange(numel, dtype=np.float32) + 100 * r for r in range(world_size))
     for r in out:
         np.testing.assert_array_equal(r["result"], expected)

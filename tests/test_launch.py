@@ -216,6 +216,7 @@ def test_a_busy_port_does_not_matter_since_no_port_is_opened(no_leftover_ranks):
     assert [float(r[0]) for r in out.results] == [1.0, 1.0]
 
 
+@pytest.mark.slow
 def test_the_same_worker_runs_under_torchrun(tmp_path):
     torchrun = Path(sys.executable).with_name("torchrun")
     if not torchrun.exists():
@@ -236,6 +237,7 @@ def test_the_same_worker_runs_under_torchrun(tmp_path):
     assert lanes == {0, 1}
 
 
+@pytest.mark.slow
 def test_under_torchrun_a_timeout_names_the_slow_rank(tmp_path):
     """No launcher watches torchrun's ranks: rank 0 names the rank that had not finished."""
     torchrun = Path(sys.executable).with_name("torchrun")

@@ -90,6 +90,7 @@ def test_nothing_a_launch_starts_listens_beyond_loopback(world_size, no_leftover
 
 
 # ---------------------------------------------------------------- 2. TensorFlow's servers
+@pytest.mark.slow
 def test_tf_servers_of_a_dead_coordinator_do_not_outlive_the_launch(tmp_path, no_leftover_ranks):
     pytest.importorskip("tensorflow")
     pids = tmp_path / "servers"

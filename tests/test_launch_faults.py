@@ -210,6 +210,7 @@ def _launch_folders():
     return {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("parlab-launch-")}
 
 
+@pytest.mark.slow
 def test_a_soak_over_the_fault_matrix_leaks_nothing(tmp_path, monkeypatch):
     """At least 30 launches that fail every way, then nothing of them is left."""
     scratch = tmp_path / "launch-folders"      # this test's alone: other runs share /tmp

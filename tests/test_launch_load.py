@@ -50,6 +50,7 @@ def _marked(marker: str) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 def test_fifty_launches_and_twenty_relaunches_after_failures_leak_nothing(
         tmp_path, monkeypatch, no_leftover_ranks):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # folders land where we count

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 import workers
+from batched import launch_each
+from conftest import rank_processes
 
 import parlab
 from parlab.grid import Grid
@@ -62,10 +64,22 @@ def test_a_bad_mesh_fails_on_the_ranks_before_any_group_is_built(no_leftover_ran
         parlab.launch(workers.mesh_report, 4, args=({"dp": 3, "tp": 2},), timeout=60)
 
 
-@pytest.mark.parametrize("axes", [{"dp": 4}, {"dp": 2, "tp": 2}, {"dp": 2, "pp": 1, "tp": 2}])
-def test_mesh_groups_coordinates_and_neighbours_on_real_ranks(axes, no_leftover_ranks):
+MESHES = [{"dp": 4}, {"dp": 2, "tp": 2}, {"dp": 2, "pp": 1, "tp": 2}]
+
+
+@pytest.fixture(scope="module")
+def reports():
+    """Each mesh above built in turn on the same 4 ranks: one launch."""
+    out = launch_each({i: (workers.mesh_report, (axes,)) for i, axes in enumerate(MESHES)}, 4)
+    assert not rank_processes(), "ranks left running"
+    return out
+
+
+@pytest.mark.parametrize("i", range(len(MESHES)), ids=[str(m) for m in MESHES])
+def test_mesh_groups_coordinates_and_neighbours_on_real_ranks(i, reports):
+    axes = MESHES[i]
     grid = Grid(**axes)
-    out = parlab.launch(workers.mesh_report, 4, args=(axes,), timeout=90).results
+    out = reports[i].results
     for rank, rep in enumerate(out):
         assert rep["coords"] == grid.coords(rank)
         assert rep["label"] == grid.label(rank)
@@ -78,6 +92,7 @@ def test_mesh_groups_coordinates_and_neighbours_on_real_ranks(axes, no_leftover_
         assert rep["device_mesh"] == tuple(grid.shape.values())
 
 
+@pytest.mark.slow
 def test_the_mesh_under_torchrun(tmp_path):
     torchrun = Path(sys.executable).with_name("torchrun")
     if not torchrun.exists():

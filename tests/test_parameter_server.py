@@ -2,6 +2,8 @@
 import numpy as np
 import pytest
 import torch
+from batched import launch_each
+from conftest import rank_processes
 
 import parlab
 from parlab import data as datasets
@@ -17,12 +19,34 @@ def _max_diff(a: dict, b: dict) -> float:
     return max(float(np.abs(a[k] - b[k]).max()) for k in a)
 
 
-@pytest.mark.parametrize("servers,workers", [(1, 2), (2, 2), (1, 3)])
-def test_sync_parameter_server_equals_sync_data_parallel(servers, workers, no_leftover_ranks):
-    steps, batch = 5, 96
-    out = parlab.launch(ps.train_parameter_server, servers + workers,
-                        args=("sync", servers, "mlp", batch, steps, 0.2))
-    mirror = parlab.launch(dp.train_data_parallel, workers, args=("by_hand", "mlp", batch, steps, 0.2))
+SYNC = [(1, 2), (2, 2), (1, 3)]
+STEPS, BATCH = 5, 96
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """The synchronous runs of this module: one launch per world size."""
+    calls = {}
+    for servers, workers in SYNC:
+        calls.setdefault(servers + workers, {})[("ps", servers, workers)] = (
+            ps.train_parameter_server, ("sync", servers, "mlp", BATCH, STEPS, 0.2))
+        calls.setdefault(workers, {})[("mirror", workers)] = (
+            dp.train_data_parallel, ("by_hand", "mlp", BATCH, STEPS, 0.2))
+    for servers in (1, 2):
+        calls.setdefault(servers + 2, {})[("sharding", servers)] = (
+            ps.train_parameter_server, ("sync", servers, "mlp", 64, 4, 0.1))
+    out = {}
+    for n, c in calls.items():
+        out.update(launch_each(c, n))
+    assert not rank_processes(), "ranks left running"
+    return out
+
+
+@pytest.mark.parametrize("servers,workers", SYNC)
+def test_sync_parameter_server_equals_sync_data_parallel(servers, workers, runs):
+    steps, batch = STEPS, BATCH
+    out = runs[("ps", servers, workers)]
+    mirror = runs[("mirror", workers)]
     state = ps.state_dict(out.results)
     assert _max_diff(state, mirror.results[0]["state"]) < TOL
     assert _max_diff(state, dp.train_single(global_batch=batch, steps=steps, lr=0.2)["state"]) < TOL
@@ -71,9 +95,8 @@ def test_the_servers_listen_on_the_loopback_only(no_leftover_ranks):
         assert all(a.startswith("127.0.0.1:") for a in server["listening"]), server["listening"]
 
 
-def test_sharding_halves_each_servers_traffic(no_leftover_ranks):
-    one = parlab.launch(ps.train_parameter_server, 3, args=("sync", 1, "mlp", 64, 4, 0.1))
-    two = parlab.launch(ps.train_parameter_server, 4, args=("sync", 2, "mlp", 64, 4, 0.1))
+def test_sharding_halves_each_servers_traffic(runs):
+    one, two = runs[("sharding", 1)], runs[("sharding", 2)]
     for s in (0, 1):
         assert abs(two.timeline.comm_bytes(s) / one.timeline.comm_bytes(0) - 0.5) < 0.01
 

@@ -3,6 +3,7 @@ import time
 
 import numpy as np
 import pytest
+from batched import launch_each
 from conftest import rank_processes
 
 import parlab
@@ -45,11 +46,27 @@ def test_deadlocks_and_incomplete_schedules_are_explained():
         schedules.make("zero-bubble", 2, 2)
 
 
-@pytest.mark.parametrize("p,m,name", [(2, 1, "gpipe"), (2, 3, "1f1b"), (2, 4, "gpipe"),
-                                      (3, 4, "1f1b"), (3, 2, "gpipe"), (2, 6, "1f1b")])
-def test_pipeline_training_equals_the_sequential_model(p, m, name, no_leftover_ranks):
+PIPELINES = [(2, 1, "gpipe"), (2, 3, "1f1b"), (2, 4, "gpipe"), (3, 4, "1f1b"), (3, 2, "gpipe"),
+             (2, 6, "1f1b")]
+
+
+@pytest.fixture(scope="module")
+def pipelines():
+    """Every (stages, micro-batches, schedule) above: one launch per number of stages,
+    each prepared (validated) as ``experiments.run_pipeline`` prepares it."""
+    calls = {}
+    for p, m, name in PIPELINES:
+        cfg, ops = pl.prepare(LIGHT, p, m, name)
+        calls.setdefault(p, {})[(m, name)] = (pl.train_pipeline, (cfg, m, ops))
+    out = {p: launch_each(c, p) for p, c in calls.items()}
+    assert not rank_processes(), "ranks left running"
+    return out
+
+
+@pytest.mark.parametrize("p,m,name", PIPELINES)
+def test_pipeline_training_equals_the_sequential_model(p, m, name, pipelines):
     ref = split.train_reference(LIGHT)
-    out = run_pipeline(LIGHT, p, m, name)
+    out = pipelines[p][(m, name)]
     np.testing.assert_allclose(out.results[-1]["losses"], ref["losses"], atol=TOL)
     grads = {k: v for r in out.results for k, v in r["first_grads"].items()}
     assert grads.keys() == ref["first_grads"].keys()

@@ -115,6 +115,7 @@ def test_checkers_that_run_on_ranks_fall_back_when_unfilled(capsys):
     assert capsys.readouterr().out.count("not attempted yet") == 4
 
 
+@pytest.mark.slow
 def test_the_cheapest_student_copies_run_top_to_bottom(student):
     paths = [str(student / name) for name in EXECUTED]
     out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",

@@ -3,17 +3,33 @@ import numpy as np
 import pytest
 import torch
 import workers
+from batched import launch_each
+from conftest import rank_processes
 from torch import nn
 
 import parlab
 from parlab.torch import tensor_parallel as tp
 
 TOL = 1e-5  # float32: sums of partial products in a different order
+SLICED = [("column_row", 2, (64, 256, 256, 128, 10)), ("column_row", 4, (64, 256, 256, 128, 10)),
+          ("naive", 2, (64, 256, 256, 128, 10)), ("naive", 4, (64, 128, 128, 64, 12))]
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """The layer and MLP runs of this module, one launch per world size."""
+    calls = {n: {"layers": (workers.sliced_linear_layers, ())} for n in (2, 4)}
+    for scheme, n, sizes in SLICED:
+        calls[n][scheme] = (tp.train_sliced, (sizes, scheme, 64, STEPS))
+    out = {n: launch_each(c, n) for n, c in calls.items()}
+    assert not rank_processes(), "ranks left running"
+    return out
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_column_and_row_parallel_layers_equal_the_dense_layer(world_size, no_leftover_ranks):
-    out = parlab.launch(workers.sliced_linear_layers, world_size).results
+def test_column_and_row_parallel_layers_equal_the_dense_layer(world_size, runs):
+    out = runs[world_size]["layers"].results
     torch.manual_seed(1)
     full = nn.Linear(16, 8)
     x = torch.randn(5, 16, requires_grad=True)
@@ -33,16 +49,11 @@ def test_column_and_row_parallel_layers_equal_the_dense_layer(world_size, no_lef
         np.testing.assert_allclose(x_row, x.grad[:, r * i:(r + 1) * i], atol=TOL)
 
 
-@pytest.mark.parametrize("scheme,world_size,sizes", [
-    ("column_row", 2, (64, 256, 256, 128, 10)),
-    ("column_row", 4, (64, 256, 256, 128, 10)),
-    ("naive", 2, (64, 256, 256, 128, 10)),
-    ("naive", 4, (64, 128, 128, 64, 12)),
-])
-def test_sliced_mlp_trains_like_the_dense_mlp(scheme, world_size, sizes, no_leftover_ranks):
-    steps = 4
+@pytest.mark.parametrize("scheme,world_size,sizes", SLICED)
+def test_sliced_mlp_trains_like_the_dense_mlp(scheme, world_size, sizes, runs):
+    steps = STEPS
     ref = tp.dense_reference(sizes, steps=steps)
-    out = parlab.launch(tp.train_sliced, world_size, args=(sizes, scheme, 64, steps))
+    out = runs[world_size][scheme]
     kinds = tp.layer_kinds(sizes, world_size, scheme)
     for r, res in enumerate(out.results):
         np.testing.assert_allclose(res["first_logits"], ref["first_logits"], atol=TOL)

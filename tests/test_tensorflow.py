@@ -9,6 +9,8 @@ import pytest
 
 from parlab.experiments import run_tf_cluster
 
+pytestmark = pytest.mark.slow   # TensorFlow: make test runs it, make test-fast leaves it out
+
 pytest.importorskip("tensorflow")
 
 
