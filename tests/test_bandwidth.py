@@ -1,6 +1,8 @@
 import subprocess
 import sys
 
+import pytest
+
 import parlab
 from parlab import metrics
 from parlab.torch import bandwidth
@@ -33,6 +35,7 @@ def test_default_sizes_and_repeats():
     assert bandwidth.repeats_for(4) == 40 and bandwidth.repeats_for(2**30) == 3
 
 
+@pytest.mark.slow
 def test_bench_command_prints_measured_ratios():
     # One benchmark end to end through the command (every benchmark in quick mode takes
     # minutes: `make bench` is for people, not for CI); the others must all be registered.

@@ -64,6 +64,7 @@ def test_function_defined_in_main_is_sent_by_value(no_leftover_ranks):
     assert out.results == [3.0, 3.0]
 
 
+@pytest.mark.slow
 def test_function_defined_in_a_real_notebook_cell(tmp_path):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
@@ -103,6 +104,7 @@ def test_a_rank_killed_by_a_signal_is_reported(no_leftover_ranks):
     assert "SIGKILL" in str(info.value)
 
 
+@pytest.mark.slow
 def test_a_hang_becomes_a_timeout_that_says_where_each_rank_was(no_leftover_ranks):
     # The timeout counts from the launch, start-up included: leave room for a slow start
     # on a loaded machine, so that the ranks are surely past the barrier when it fires.

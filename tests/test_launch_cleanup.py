@@ -165,6 +165,7 @@ def test_an_interrupt_while_ranks_start_leaves_none_running(monkeypatch, no_left
         _kill(started)
 
 
+@pytest.mark.slow
 def test_a_rank_killed_by_the_stack_request_is_reported_and_its_helpers_stopped(
         tmp_path, no_leftover_ranks):
     pids = tmp_path / "helpers"

@@ -42,6 +42,7 @@ def slow_teardown_on_rank_1(rank, world_size):
 
 
 # ---------------------------------------------------------------- 4a. results are kept
+@pytest.mark.slow
 def test_results_that_arrived_are_kept_when_only_teardown_is_slow(no_leftover_ranks):
     started = time.perf_counter()
     with pytest.warns(TeardownWarning, match=r"rank 1\b.*tearing down") as caught:
@@ -106,6 +107,7 @@ def test_other_wrong_settings_are_named_with_what_to_pass():
 
 
 # ---------------------------------------------------------------- 4c. slow start-up
+@pytest.mark.slow
 def test_a_timeout_during_start_up_says_so(tmp_path, monkeypatch, no_leftover_ranks):
     # A worker whose module takes long to import in the ranks (only there: the variable
     # comes with env=), like 16 ranks importing torch on 2 cores.

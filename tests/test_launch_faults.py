@@ -166,6 +166,7 @@ def _launcher(tmp_path, ignore_term=False):
     return proc, _wait_for_pids(pid_file, 4), scratch
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_helpers_die_with_a_killed_launcher(tmp_path, sig):
     proc, helpers, _ = _launcher(tmp_path)
@@ -178,6 +179,7 @@ def test_helpers_die_with_a_killed_launcher(tmp_path, sig):
         _kill(helpers)
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_waits_for_the_cleanup(tmp_path):
     proc, helpers, scratch = _launcher(tmp_path, ignore_term=True)
     try:

@@ -4,6 +4,8 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from batched import launch_each
+from conftest import rank_processes
 
 import parlab
 from parlab.splitting import SplitConfig, balance, check_bounds, imbalance, stage_costs
@@ -20,11 +22,36 @@ def _merged(results):
     return {k: v for r in results for k, v in r["state"].items()}
 
 
-@pytest.mark.parametrize("n,bounds,opt", [(2, [4], "sgd"), (4, [2, 4, 6], "adam"), (4, [1, 3, 5], "sgd")])
-def test_split_training_equals_single_device(n, bounds, opt, no_leftover_ranks):
-    cfg = SplitConfig(bounds=bounds, steps=6, optimizer=opt, lr=1e-2 if opt == "adam" else 0.1)
+SPLITS = [(2, [4], "sgd"), (4, [2, 4, 6], "adam"), (4, [1, 3, 5], "sgd")]
+
+
+def _split_cfg(bounds, opt):
+    return SplitConfig(bounds=bounds, steps=6, optimizer=opt, lr=1e-2 if opt == "adam" else 0.1)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """The equivalence and memory runs of this module: one launch per number of devices."""
+    calls = {}
+    for n, bounds, opt in SPLITS:
+        calls.setdefault(n, {})[("split", tuple(bounds), opt)] = (split.train_split,
+                                                                   (_split_cfg(bounds, opt),))
+    for n in (1, 2):
+        bounds = split.split_by_params(split.build(SplitConfig(steps=1)), n) if n > 1 else []
+        calls.setdefault(n, {})[("memory", n)] = (split.train_split,
+                                                  (SplitConfig(bounds=bounds, steps=1),))
+    out = {}
+    for n, c in calls.items():
+        out.update(launch_each(c, n))
+    assert not rank_processes(), "ranks left running"
+    return out
+
+
+@pytest.mark.parametrize("n,bounds,opt", SPLITS)
+def test_split_training_equals_single_device(n, bounds, opt, runs):
+    cfg = _split_cfg(bounds, opt)
     ref = split.train_reference(cfg)
-    out = parlab.launch(split.train_split, n, args=(cfg,))
+    out = runs[("split", tuple(bounds), opt)]
     np.testing.assert_allclose(out.results[-1]["first_logits"], ref["first_logits"], atol=TOL)
     grads = {k: v for r in out.results for k, v in r["first_grads"].items()}
     assert grads.keys() == ref["first_grads"].keys()
@@ -42,13 +69,9 @@ def test_split_training_equals_single_device(n, bounds, opt, no_leftover_ranks):
     torch.testing.assert_close(merged(x), ref_model(x), atol=tol, rtol=0)
 
 
-def test_memory_per_device_falls_with_more_devices(no_leftover_ranks):
-    cfg = SplitConfig(steps=1)
-    peak = {}
-    for n in (1, 2):
-        bounds = split.split_by_params(split.build(cfg), n) if n > 1 else []
-        out = parlab.launch(split.train_split, n, args=(SplitConfig(bounds=bounds, steps=1),))
-        peak[n] = max(sum(r["memory"].values()) for r in out.results)
+def test_memory_per_device_falls_with_more_devices(runs):
+    peak = {n: max(sum(r["memory"].values()) for r in runs[("memory", n)].results)
+            for n in (1, 2)}
     assert peak[2] < 0.8 * peak[1], peak
 
 
