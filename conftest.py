@@ -61,8 +61,13 @@ def pytest_runtest_teardown(item, nextitem):
     out = EXECUTED / path.name
     nbformat.write(nb, str(out))
     explorer = _explorer_cell(ran)
-    if explorer is not None:
-        _write_explorer(item.parent.kernel, path, nb, explorer)
+    kernel = item.parent.kernel
+    if (explorer is not None and kernel.is_alive()
+            and not getattr(item.parent, "timed_out", False)):
+        try:
+            _write_explorer(kernel, path, nb, explorer)
+        except Exception as exc:  # noqa: BLE001 - the browser test then says what is missing
+            warnings.warn(f"{path.name}: could not keep the explorer's inputs ({exc!r})")
     executed = getattr(item.config, EXECUTED_KEY, {})
     executed[path.name] = out
     setattr(item.config, EXECUTED_KEY, executed)
