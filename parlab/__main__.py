@@ -119,7 +119,7 @@ def main(argv=None) -> int:
         from parlab import bench
         return bench.run(ns.only, ns.quick)
     if ns.command == "run":
-        return _cmd_run(parser, ns)
+        return _cmd_run(r, ns)   # errors show `parlab run`'s own usage
     if ns.command == "student-copy":
         return _cmd_student_copy(ns)
     return 2
