@@ -44,3 +44,14 @@ def launch_each(calls: dict, world_size: int, timeout: float = 300) -> dict:
         runs[key] = Run([r[i]["result"] for r in out.results],
                         Timeline(spans, out.timeline.labels, range(world_size)))
     return runs
+
+
+def launch_by_size(calls: dict) -> dict:
+    """``{world_size: {key: (fn, args)}}``: one launch per world size, every key's Run in
+    one dict (keys are unique across sizes); no rank may outlive the launches."""
+    from conftest import rank_processes
+    runs = {}
+    for world_size, sized in calls.items():
+        runs.update(launch_each(sized, world_size))
+    assert not rank_processes(), "ranks left running"
+    return runs

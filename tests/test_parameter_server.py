@@ -2,8 +2,7 @@
 import numpy as np
 import pytest
 import torch
-from batched import launch_each
-from conftest import rank_processes
+from batched import launch_by_size
 
 import parlab
 from parlab import data as datasets
@@ -35,11 +34,7 @@ def runs():
     for servers in (1, 2):
         calls.setdefault(servers + 2, {})[("sharding", servers)] = (
             ps.train_parameter_server, ("sync", servers, "mlp", 64, 4, 0.1))
-    out = {}
-    for n, c in calls.items():
-        out.update(launch_each(c, n))
-    assert not rank_processes(), "ranks left running"
-    return out
+    return launch_by_size(calls)
 
 
 @pytest.mark.parametrize("servers,workers", SYNC)

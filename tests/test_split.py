@@ -4,8 +4,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from batched import launch_each
-from conftest import rank_processes
+from batched import launch_by_size
 
 import parlab
 from parlab.splitting import SplitConfig, balance, check_bounds, imbalance, stage_costs
@@ -40,11 +39,7 @@ def runs():
         bounds = split.split_by_params(split.build(SplitConfig(steps=1)), n) if n > 1 else []
         calls.setdefault(n, {})[("memory", n)] = (split.train_split,
                                                   (SplitConfig(bounds=bounds, steps=1),))
-    out = {}
-    for n, c in calls.items():
-        out.update(launch_each(c, n))
-    assert not rank_processes(), "ranks left running"
-    return out
+    return launch_by_size(calls)
 
 
 @pytest.mark.parametrize("n,bounds,opt", SPLITS)
