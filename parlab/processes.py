@@ -184,8 +184,7 @@ class Guardian:
 def _guardian_main() -> None:
     """Read "mark M" / "group G" / "done" lines until the pipe closes; then, unless "done"
     came, stop every process of the recorded groups and every marked process."""
-    import signal as _signal
-    _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     mark, groups, done = None, [], False
     for line in sys.stdin.buffer:
         word, _, value = line.decode(errors="replace").strip().partition(" ")
