@@ -1,7 +1,8 @@
 """The code a launched rank runs first: a trampoline around the learner's function.
 
-``parlab.launch`` starts each rank with the ``spawn`` method (safe on every platform and
-with threads; ``fork`` after torch or TensorFlow initialised can hang). A spawned process
+``parlab.launch`` starts each rank afresh (``spawn``) or forked from a fork server that
+imported torch (see starting.py); never by forking the launcher (``fork`` after torch or
+TensorFlow initialised, or beside a notebook's threads, can hang). Either way the rank
 cannot import a function defined in a notebook cell, so the function and its arguments
 arrive serialized by value (cloudpickle) and are rebuilt here. This module imports no
 framework at import time: the environment (threads, interfaces) must be set first.
@@ -18,8 +19,8 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
-from . import trace
-from .processes import die_with_parent  # noqa: F401 - ranks call it first thing
+from . import starting, trace
+from .processes import die_with_parent, is_alive
 
 
 @dataclass
@@ -32,6 +33,7 @@ class RankSpec:
     env: dict = field(default_factory=dict)
     process_group: dict | None = None   # backend, device_kind, store_path, threads, timeout_s
     dump_path: str | None = None        # where faulthandler writes this rank's stacks
+    launcher: object = None             # starting.LauncherState for a forked rank
 
 
 class _PrefixedStream:
@@ -108,13 +110,20 @@ def _arm_stack_dumps(path: str | None):
 
 
 def main(spec: RankSpec, conn) -> None:
-    """Entry point of a spawned rank: set up, run ``fn(rank, world_size, *args, **kwargs)``,
+    """Entry point of a rank: set up, run ``fn(rank, world_size, *args, **kwargs)``,
     report.
 
     Besides the result or error, the rank tells the launcher which start-up stage it is
     in and when the worker starts, so a timeout can say whether start-up used it up.
     """
-    die_with_parent(spec.parent_pid)  # first: a launcher killed from here on takes us along
+    # First: a launcher killed from here on takes us along.
+    if spec.launcher is None:
+        die_with_parent(spec.parent_pid)
+    else:  # forked: our parent is the fork server, which exits when the launcher does
+        die_with_parent(os.getppid())
+        if not is_alive(spec.parent_pid):
+            os._exit(3)
+        starting.adopt(spec.launcher)
     # Programs the rank starts (os.system, Popen(close_fds=False)) must not inherit its end
     # of the launcher's pipe: the launcher would wait for them to close it.
     os.set_inheritable(conn.fileno(), False)

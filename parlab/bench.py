@@ -136,6 +136,37 @@ def tracing_overhead(quick: bool = False) -> list[str]:
             f"= {per_step:.2%} of a plain step"]
 
 
+# --------------------------------------------------------------------------- start-up
+def _barrier(rank: int, world_size: int) -> None:
+    import torch.distributed as dist
+    dist.barrier()
+
+
+@benchmark("launch_startup")
+def launch_startup(quick: bool = False) -> list[str]:
+    """A 4-rank launch that only meets once: ranks forked from the fork server that
+    imported torch, against ranks started afresh (starting.py), interleaved."""
+    import os
+
+    from parlab import starting
+    from parlab.launcher import launch
+    times = {"fork server": [], "spawn": []}
+    saved = os.environ.get(starting.START_ENV)
+    try:
+        for _ in range(3 if quick else 8):
+            for way, setting in (("fork server", ""), ("spawn", "spawn")):
+                os.environ[starting.START_ENV] = setting
+                times[way].append(launch(_barrier, 4, timeout=120).wall_time)
+    finally:
+        os.environ.pop(starting.START_ENV, None)
+        if saved is not None:
+            os.environ[starting.START_ENV] = saved
+    forked, spawned = (statistics.median(times[w]) for w in ("fork server", "spawn"))
+    return [f"4 ranks join a process group and meet once: forked from the fork server "
+            f"{forked:.2f} s, started afresh {spawned:.2f} s (medians of {len(times['spawn'])}, "
+            f"interleaved): {spawned / forked:.1f}x faster"]
+
+
 # --------------------------------------------------------------------------- GPU
 def _gpus() -> int:
     import torch

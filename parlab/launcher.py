@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import multiprocessing as mp
 import numbers
 import os
 import re
@@ -29,7 +28,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any, Callable, Sequence
 
-from . import _worker
+from . import _worker, starting
 from .errors import LaunchTimeout, TeardownWarning, WorkerError, whole_number
 from .hardware import DeviceSet, cpu_count, devices as describe_devices
 from .processes import LAUNCH_MARK, Guardian, group_has_live_member, stop_leftovers
@@ -114,9 +113,11 @@ def launch(fn: Callable, world_size: int, args: Sequence = (), *,
             pg = _process_group_spec(folder.file("store"), world_size, devs, timeout)
             rank_env.update(_framework_env(pg["threads"], devs))
         dump_paths = [folder.file(f"rank{r}.txt") for r in range(world_size)]
+        forked = starting.uses_fork_server(process_group)
+        state = starting.LauncherState() if forked else None
         specs = [_worker.RankSpec(rank, world_size, payload, os.getpid(), seed, rank_env, pg,
-                                  dump_paths[rank]) for rank in range(world_size)]
-        _start_ranks(specs, procs, conns, guardian)
+                                  dump_paths[rank], state) for rank in range(world_size)]
+        _start_ranks(specs, procs, conns, guardian, starting.context(process_group))
         results, spans = _Collector(procs, conns, dump_paths, started, timeout).run()
     finally:
         # A second Ctrl-C during the cleanup waits until it is done (then it is delivered).
@@ -325,9 +326,8 @@ def _interrupts_held():
             signal.raise_signal(signal.SIGINT)  # the previous handler runs now
 
 
-def _start_ranks(specs, procs: list, conns: list, guardian: Guardian) -> None:
+def _start_ranks(specs, procs: list, conns: list, guardian: Guardian, ctx) -> None:
     """Start one process per rank, each recorded (for _stop_all) before an interrupt lands."""
-    ctx = mp.get_context("spawn")
     for spec in specs:
         with _interrupts_held():
             reader, writer = ctx.Pipe(duplex=False)
@@ -505,7 +505,9 @@ def _exit_code(proc, block: bool = False) -> int | None:
     """The rank's exit code, or None while it runs; without reaping it where possible.
 
     Until a rank is reaped its pid, and so its process-group id, cannot be reused, which
-    keeps signalling that group in _stop_all safe. Ranks are reaped only there.
+    keeps signalling that group in _stop_all safe. Ranks are reaped only there. (A rank
+    forked from the fork server is its child: reaped there at once. Its group id stays
+    reserved while anything it started lives, which is when signalling it matters.)
     """
     if not (hasattr(os, "waitid") and hasattr(os, "WNOWAIT")):
         if block:
@@ -514,7 +516,9 @@ def _exit_code(proc, block: bool = False) -> int | None:
     flags = os.WEXITED | os.WNOWAIT | (0 if block else os.WNOHANG)
     try:
         info = os.waitid(os.P_PID, proc.pid, flags)
-    except ChildProcessError:  # already reaped
+    except ChildProcessError:  # already reaped, or a child of the fork server
+        if block:
+            proc.join()  # the fork server reports the code once it has reaped the rank
         return proc.exitcode
     if info is None:
         return None

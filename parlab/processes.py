@@ -30,6 +30,17 @@ def die_with_parent(parent_pid: int) -> None:
     _watch_parent(parent_pid)
 
 
+def is_alive(pid: int) -> bool:
+    """Whether a process of this id exists (a zombie counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, someone else's
+        return True
+    return True
+
+
 def _kill_me_with_parent() -> bool:
     if not sys.platform.startswith("linux"):
         return False

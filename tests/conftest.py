@@ -9,13 +9,15 @@ matplotlib.use("Agg")
 
 
 def rank_processes():
-    """Our live descendants, minus multiprocessing's one shared resource tracker."""
+    """Our live descendants, minus multiprocessing's shared resource tracker and the fork
+    server ranks start from (each lives as long as this process)."""
     out = []
     for child in psutil.Process().children(recursive=True):
         try:
             if child.status() == psutil.STATUS_ZOMBIE:
                 continue
-            if "resource_tracker" in " ".join(child.cmdline()):
+            command = " ".join(child.cmdline())
+            if "resource_tracker" in command or "multiprocessing.forkserver" in command:
                 continue
             out.append(child)
         except psutil.NoSuchProcess:

@@ -30,6 +30,30 @@ def test_results_come_back_in_rank_order_with_one_thread_per_simulated_device(no
     assert out.timeline.ranks == [0, 1, 2]
 
 
+@pytest.mark.parametrize("start", ["fork server", "spawn"])
+def test_a_rank_runs_in_the_launchers_current_folder_environment_and_output(
+        start, tmp_path, monkeypatch, capfd, no_leftover_ranks):
+    """A rank forked from the fork server gets what a spawned one has: the launcher's
+    folder, environment and standard output as they are now, not as they were when the
+    server started (an earlier launch, here in an earlier capture)."""
+    if start == "spawn":
+        monkeypatch.setenv("PARLAB_START", "spawn")
+    with capfd.disabled():  # the fork server, if this starts it, writes to the terminal
+        parlab.launch(workers.rank_info, 2)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PARLAB_TEST_SETTING", "changed after the first launch")
+    out = parlab.launch(workers.where_the_rank_runs, 2, args=("PARLAB_TEST_SETTING",))
+    assert [r["cwd"] for r in out.results] == [str(tmp_path)] * 2
+    assert [r["value"] for r in out.results] == ["changed after the first launch"] * 2
+    parents = {r["parent"] for r in out.results}
+    if start == "spawn":
+        assert parents == {os.getpid()}
+    elif sys.platform.startswith("linux"):
+        assert os.getpid() not in parents, "torch ranks should fork from the fork server"
+    printed = capfd.readouterr().out
+    assert "[rank 0] hello from rank 0" in printed and "[rank 1] hello from rank 1" in printed
+
+
 def test_seeds_are_offset_by_rank_and_reproducible(no_leftover_ranks):
     first = parlab.launch(workers.rank_info, 2, seed=7).results
     again = parlab.launch(workers.rank_info, 2, seed=7).results

@@ -81,7 +81,7 @@ def sleep_long(rank, world_size):
 def test_nothing_a_launch_starts_listens_beyond_loopback(world_size, no_leftover_ranks):
     # Asked while every rank is inside the worker: the launching process (this one) and
     # every rank, each for its own listening sockets. The ranks meet through a file.
-    out = parlab.launch(workers.listening_during_launch, world_size)
+    out = parlab.launch(workers.listening_during_launch, world_size, args=(os.getpid(),))
     assert [r["sum"] for r in out.results] == [world_size * (world_size - 1) / 2] * world_size
     ranks = [r["rank"] for r in out.results]
     assert all(ranks), "gloo should listen (on the loopback) for its peers"

@@ -16,7 +16,7 @@ CORE = {"trace", "metrics", "schedules", "splitting", "grid", "data", "errors", 
         "processes", "zero_memory"}
 ABOVE_STRATEGIES = {"parlab.launcher", "parlab._worker", "parlab.exercises",
                     "parlab.experiments", "parlab.widgets", "parlab.bench", "parlab.__main__",
-                    "parlab.student"}
+                    "parlab.student", "parlab.starting"}
 FRAMEWORKS = ("torch", "tensorflow", "keras", "parlab.torch", "parlab.tf")
 
 

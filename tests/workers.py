@@ -16,6 +16,12 @@ def rank_info(rank, world_size):
             "torch_rand": float(torch.rand(1)), "py_rand": random.random()}
 
 
+def where_the_rank_runs(rank, world_size, variable):
+    """The rank's folder, one environment variable and its parent; it prints a line."""
+    print(f"hello from rank {rank}")
+    return {"cwd": os.getcwd(), "value": os.environ.get(variable), "parent": os.getppid()}
+
+
 def sum_of_ranks(rank, world_size):
     x = torch.tensor([float(rank)])
     comm.all_reduce(x)
@@ -207,7 +213,7 @@ def late_member(rank, world_size, delay_s, late_rank):
     return rank
 
 
-def listening_during_launch(rank, world_size):
+def listening_during_launch(rank, world_size, launcher_pid):
     """Listening sockets of this rank and (rank 0) of the launching process, while all run."""
     import psutil
 
@@ -217,7 +223,7 @@ def listening_during_launch(rank, world_size):
     total = comm.all_reduce(torch.tensor([float(rank)]))  # every rank has joined
     out = {"rank": listening(psutil.Process()), "sum": float(total[0])}
     if rank == 0:
-        out["launcher"] = listening(psutil.Process(os.getppid()))
+        out["launcher"] = listening(psutil.Process(launcher_pid))
     comm.barrier()  # nobody leaves before every rank has looked
     return out
 

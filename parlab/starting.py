@@ -1,0 +1,90 @@
+"""How a rank's process is started: a fresh interpreter, or a fork of one that has torch.
+
+Importing torch costs a new interpreter about 1.3 s of CPU; four ranks on two cores wait
+about 2 s for it at every launch, longer than most of the labs' experiments. So on Linux,
+ranks that join a torch process group are forked from multiprocessing's fork server, a
+single-threaded process that imported torch once (the first launch pays for it) and lives
+as long as the launching process. Forking from it is safe where forking the launcher is
+not: a notebook kernel runs threads, and a fork taken while another thread holds a lock
+can hang (the reason multiprocessing's ``fork`` method is unsafe here). Other ranks
+(TensorFlow's, plain processes) and other systems use ``spawn``.
+
+A forked rank inherits the fork server's state, not the launcher's: its environment and
+standard output are those of whichever process started the server, maybe long ago (in
+pytest, a finished test's captured output). So the launcher's current ones travel with
+each rank and the rank takes them on first (``adopt``), as a spawned rank would have them
+(multiprocessing itself sends the working folder and ``sys.path``). Set
+``PARLAB_START=spawn`` to start every rank afresh.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import sys
+
+START_ENV = "PARLAB_START"
+# What the fork server imports once. The ranks' own settings (threads, devices) are
+# applied after the fork: importing torch starts no thread and touches no GPU.
+PRELOAD = ["torch", "torch.distributed", "numpy", "cloudpickle"]
+
+
+def uses_fork_server(process_group: bool) -> bool:
+    """Whether ranks of this kind start from the fork server here."""
+    if os.environ.get(START_ENV, "").strip().lower() == "spawn":
+        return False
+    return (process_group and sys.platform.startswith("linux")
+            and "forkserver" in mp.get_all_start_methods())
+
+
+def context(process_group: bool):
+    """The multiprocessing context that starts ranks of this kind."""
+    if not uses_fork_server(process_group):
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)  # read when the server starts (the first launch)
+    return ctx
+
+
+class LauncherState:
+    """The launcher's environment and standard output and error, sent with a forked rank.
+
+    Standard output and error travel as file descriptors (multiprocessing passes them to
+    the fork server over its Unix socket while the rank starts), so the rank writes where
+    the launcher writes now: a notebook cell, a terminal, a test's capture.
+    """
+
+    def __init__(self):
+        self.environ = dict(os.environ)
+
+    def __reduce__(self):
+        from multiprocessing import reduction
+        # Called while the rank starts (Process.start pickles it): DupFd hands the
+        # descriptor to the process being started.
+        stdio = tuple(reduction.DupFd(fd) if _is_open(fd) else None for fd in (1, 2))
+        return (_Adopted, (self.environ, stdio))
+
+
+class _Adopted:
+    def __init__(self, environ, stdio):
+        self.environ, self.stdio = environ, stdio
+
+
+def adopt(state: _Adopted | None) -> None:
+    """In a forked rank: take on the launcher's environment and output."""
+    if state is None:
+        return
+    for target, fd in zip((1, 2), state.stdio):
+        if fd is not None:
+            received = fd.detach()
+            os.dup2(received, target)
+            os.close(received)
+    os.environ.clear()
+    os.environ.update(state.environ)
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
