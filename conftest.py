@@ -5,10 +5,10 @@ finishes a lab, this plugin keeps what that execution produced, in ``build/execu
 
 * ``NN_name.ipynb``: the lab with nbval's outputs (figures included) and execution counts,
   its metadata as stored;
-* for a lab with an explorer (a ``parlab.widgets.*_explorer(...)`` or
-  ``parlab.experiments.zero_explorer(...)`` call), the explorer's inputs as the lab
-  computed them (cloudpickle, from nbval's kernel) and ``NN_name-explorer.ipynb``: two
-  cells that load them and call the explorer, as the lab's own cell does.
+* for a lab with an explorer (a ``labNN.*_explorer(...)`` call, its lab module's), the
+  explorer's inputs as the lab computed them (cloudpickle, from nbval's kernel) and
+  ``NN_name-explorer.ipynb``: two cells that load them and call the explorer, as the
+  lab's own cell does.
 
 The browser test (tests/test_browser.py) then opens the executed lab in JupyterLab, where
 it checks that it opens unmodified, that its figures display and that no cell failed, and
@@ -108,7 +108,7 @@ def _write_explorer(kernel, path: Path, nb, cell) -> None:
     import nbformat
     load = nbformat.v4.new_code_cell(
         "# The explorer of " + path.name + ", with the inputs that lab computed when it ran.\n"
-        "import cloudpickle\nimport parlab\n"
+        f"import cloudpickle\nimport parlab\nfrom parlab.course import lab{path.stem[:2]}\n"
         f"with open({blob.name!r}, 'rb') as fh:\n"
         "    globals().update(cloudpickle.load(fh))")
     small = nbformat.v4.new_notebook(cells=[load, nbformat.v4.new_code_cell(cell.source)],

@@ -26,7 +26,7 @@ def _load(parser, target: str):
 
 def _run_settings(parser, ns):
     """--nproc, --timeout and --args checked here, so errors name the flags."""
-    from parlab.launcher import MAX_TIMEOUT_S
+    from parlab.launch_settings import MAX_TIMEOUT_S
     if ns.nproc < 1:
         parser.error(f"--nproc must be 1 or more (ranks to start), got {ns.nproc}")
     if not (math.isfinite(ns.timeout) and 0 < ns.timeout <= MAX_TIMEOUT_S):
@@ -71,7 +71,7 @@ def _cmd_run(parser, ns) -> int:
 
 
 def _cmd_student_copy(ns) -> int:
-    from parlab.student import StudentCopyError, student_copy
+    from parlab.course.student import StudentCopyError, student_copy
     try:
         written, replaced = student_copy(ns.src, ns.dst, force=ns.force)
     except StudentCopyError as exc:

@@ -18,6 +18,17 @@ def whole_number(value) -> int | None:
         return None
 
 
+def counted(value, what: str, least: int | None = 1, hint: str = "") -> int:
+    """``value`` as an int when it is a whole number of at least ``least`` (None: any);
+    else a ValueError naming ``what`` and, after a colon, the ``hint`` (what to pass)."""
+    n = whole_number(value)
+    if n is None or (least is not None and n < least):
+        bound = f" >= {least}" if least is not None else ""
+        raise ValueError(f"{what} must be a whole number{bound}, got {value!r}"
+                         + (f": {hint}" if hint else ""))
+    return n
+
+
 class WorkerError(RuntimeError):
     """A rank raised an exception or died; the other ranks were stopped.
 

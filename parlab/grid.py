@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import operator
+from dataclasses import dataclass
 from typing import Iterator
 
 from .errors import whole_number
@@ -120,3 +121,56 @@ class Grid:
 
     def __iter__(self) -> Iterator[int]:
         return iter(range(self.world_size))
+
+
+@dataclass(frozen=True)
+class HybridShape:
+    """A lab 07 mesh: ``dp`` replicas of a model split ``model`` ways along ``axis``
+    ("tp": tensor parallel, "pp": pipeline stages), the model's axis varying fastest.
+
+    Made once from the dict a learner writes (``HybridShape.of({"dp": 2, "tp": 2})``),
+    checked there, and handed on: nothing else reads the dict again.
+    """
+
+    dp: int
+    axis: str
+    model: int
+
+    AXES = ("tp", "pp")
+
+    @classmethod
+    def of(cls, shape) -> "HybridShape":
+        if isinstance(shape, cls):
+            return shape
+        axes = tuple(shape) if isinstance(shape, dict) else ()
+        if len(axes) != 2 or axes[0] != "dp" or axes[1] not in cls.AXES:
+            raise ValueError(f"a hybrid mesh here is {{'dp': d, 'tp': t}} or {{'dp': d, 'pp': p}}, "
+                             f"got {shape}: data parallel first (outer), the model's axis last")
+        grid = Grid(**shape)    # checks each size
+        return cls(grid.shape["dp"], axes[1], grid.shape[axes[1]])
+
+    @property
+    def tp(self) -> int:
+        return self.model if self.axis == "tp" else 1
+
+    @property
+    def pp(self) -> int:
+        return self.model if self.axis == "pp" else 1
+
+    @property
+    def grid(self) -> Grid:
+        return Grid(dp=self.dp, **{self.axis: self.model})
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.model
+
+    def as_dict(self) -> dict[str, int]:
+        return {"dp": self.dp, self.axis: self.model}
+
+    def micro_batches(self, wanted: int) -> int:
+        """A pipeline splits each replica's batch into ``wanted``; one stage needs none."""
+        return wanted if self.pp > 1 else 1
+
+    def label(self) -> str:
+        return f"dp{self.dp}×{self.axis}{self.model}"

@@ -12,15 +12,10 @@ host it is given, without authentication), and gloo is pinned to the loopback in
 from __future__ import annotations
 
 import contextlib
-import math
-import numbers
 import os
 import re
 import secrets
-import shutil
 import signal
-import stat
-import tempfile
 import threading
 import time
 import warnings
@@ -29,22 +24,21 @@ from multiprocessing.connection import wait
 from typing import Any, Callable, Sequence
 
 from . import _worker, starting
-from .errors import LaunchTimeout, TeardownWarning, WorkerError, whole_number
+from .errors import LaunchTimeout, TeardownWarning, WorkerError, counted
 from .hardware import DeviceSet, cpu_count, devices as describe_devices
+from .launch_folder import LaunchFolder
+from .launch_settings import check_other_settings, check_port, check_timeout, pack_worker
 from .processes import LAUNCH_MARK, Guardian, group_has_live_member, stop_leftovers
+from .rank_exits import PidFd, describe_exit, exit_code, exit_handle
+from .rank_stacks import ask_for_stacks, death_report
 from .trace import Span, Timeline
 
-STACK_FRAMES = 6            # innermost frames shown for a hung or crashed rank
 ERROR_GRACE_S = 0.3         # after a first failure, collect the others' for the report
 STOP_GRACE_S = 2.0          # SIGTERM, then SIGKILL after this long
 KILL_GRACE_S = 0.5          # after SIGKILL, how long to wait for the processes to vanish
-DUMP_WAIT_S = 1.0           # how long a rank asked for its stack gets to write it
-MAX_TIMEOUT_S = 30 * 24 * 3600   # a month: a longer timeout is surely a typo
 # A rank that lost its connection to a peer usually failed because that peer did, even
 # when (on a loaded machine) its report reached the launcher before the peer's death did.
 PEER_LOST = re.compile(r"Connection (closed|reset) by peer|Broken pipe")
-FOLDER_PREFIX = "parlab-launch-"
-SWEEP_AFTER_S = 60          # a dead launch's folder is swept once it is this old
 
 
 @dataclass
@@ -88,12 +82,12 @@ def launch(fn: Callable, world_size: int, args: Sequence = (), *,
     but some were still tearing down at the timeout, the results are returned with a
     ``TeardownWarning``. Processes a rank started are stopped with it.
     """
-    world_size = _whole_number("world_size", world_size, 1, "world_size=2")
-    timeout = _check_timeout(timeout)
-    seed = _whole_number("seed", seed, None, "seed=0")
-    _check_port(port)
-    _check_other_settings(world_size, devices, process_group, env)
-    payload = _pack(fn, args, kwargs)
+    world_size = counted(world_size, "world_size=", 1, "pass e.g. world_size=2.")
+    timeout = check_timeout(timeout)
+    seed = counted(seed, "seed=", None, "pass e.g. seed=0.")
+    check_port(port)
+    check_other_settings(world_size, devices, process_group, env)
+    payload = pack_worker(fn, args, kwargs)
 
     mark = secrets.token_hex(8)  # inherited by whatever the ranks start: see processes.py
     rank_env = {"PYTHONUNBUFFERED": "1", **(env or {}), LAUNCH_MARK: mark}
@@ -103,7 +97,7 @@ def launch(fn: Callable, world_size: int, args: Sequence = (), *,
         if devs.n != world_size:
             raise ValueError(f"devices describes {devs.n} devices but world_size is "
                              f"{world_size}: pass parlab.devices({world_size}).")
-    folder = _LaunchFolder()
+    folder = LaunchFolder()
     guardian = Guardian(mark)    # stops what the ranks started if this process is killed
     procs, conns = [], []
     started = time.perf_counter()
@@ -134,86 +128,6 @@ def launch(fn: Callable, world_size: int, args: Sequence = (), *,
 
 
 # --------------------------------------------------------------------------- settings
-def _whole_number(name: str, value, minimum: int | None, example: str) -> int:
-    """``value`` as an int: Python or numpy whole numbers, never a bool (True is not 1)."""
-    number = whole_number(value)
-    if number is None:
-        raise ValueError(f"{name}= must be a whole number, got {value!r} "
-                         f"({type(value).__name__}): pass e.g. {example}.")
-    if minimum is not None and number < minimum:
-        raise ValueError(f"{name}= must be at least {minimum}, got {number}: "
-                         f"pass e.g. {example}.")
-    return number
-
-
-def _check_timeout(timeout) -> float:
-    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
-        raise ValueError(f"timeout= must be a number of seconds, got {timeout!r} "
-                         f"({type(timeout).__name__}): pass e.g. timeout=120.")
-    seconds = float(timeout)
-    if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT_S):
-        raise ValueError(f"timeout= must be a number of seconds above 0 and at most "
-                         f"{MAX_TIMEOUT_S} (30 days), got {timeout!r}: it is when every rank "
-                         "is stopped, so pass a finite time, e.g. timeout=3600 for a long run.")
-    return seconds
-
-
-def _check_port(port) -> None:
-    """``port`` is only checked: ranks meet through a file, no launch opens a port."""
-    if port is None:
-        return
-    number = whole_number(port)
-    if number is None or not 0 <= number <= 65535:
-        raise ValueError(f"port= must be None or a port number from 0 to 65535, got {port!r}. "
-                         "It can be left out: the ranks meet through a file in a private "
-                         "folder, and a launch opens no port of its own.")
-
-
-def _check_other_settings(world_size, devices, process_group, env) -> None:
-    if devices is not None and not isinstance(devices, DeviceSet):
-        raise TypeError(f"devices= must be a parlab.devices(...) choice, got {devices!r}: "
-                        f"pass devices=parlab.devices({world_size}), or leave it out.")
-    if not isinstance(process_group, bool):
-        raise ValueError(f"process_group= must be True or False, got {process_group!r}.")
-    if env is None:
-        return
-    if not isinstance(env, dict):
-        raise TypeError(f"env= must be a dict of environment variables, got "
-                        f"{type(env).__name__}: write e.g. env={{'MY_SETTING': '1'}}.")
-    for key, value in env.items():
-        if not (isinstance(key, str) and isinstance(value, str)):
-            raise TypeError(f"env= must map names to strings, got {key!r}: {value!r}: "
-                            f"write env={{{str(key)!r}: {str(value)!r}}}.")
-
-
-def _pack(fn, args, kwargs) -> bytes:
-    """``fn`` and its arguments, serialized by value where needed (notebook functions)."""
-    if not callable(fn):
-        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    if not isinstance(args, (tuple, list)):
-        raise TypeError(f"args= must be a tuple of the worker's further arguments, got "
-                        f"{type(args).__name__} {args!r}: for a single one write "
-                        f"args=({args!r},).")
-    if kwargs is None:
-        kwargs = {}
-    if not isinstance(kwargs, dict):
-        raise TypeError(f"kwargs= must be a dict of the worker's keyword arguments, got "
-                        f"{type(kwargs).__name__}: write e.g. kwargs={{'steps': 20}}.")
-    for key in kwargs:
-        if not isinstance(key, str):
-            raise TypeError(f"kwargs= keys must be strings (argument names), got {key!r}.")
-        if key in ("rank", "world_size"):
-            raise TypeError(f"kwargs= cannot set {key!r}: the launcher passes it to every "
-                            "rank.")
-    import cloudpickle
-    try:
-        return cloudpickle.dumps((fn, tuple(args), dict(kwargs)))
-    except Exception as exc:
-        raise TypeError(
-            f"could not send {getattr(fn, '__name__', fn)!r} and its args to the ranks "
-            f"({type(exc).__name__}: {exc}). Pass plain data (numbers, arrays, tensors) "
-            "as args and kwargs, and build models, files or locks inside the worker."
-        ) from exc
 
 
 # --------------------------------------------------------------------------- set-up
@@ -234,71 +148,6 @@ def _framework_env(threads: int, devs: DeviceSet) -> dict:
         env["GLOO_SOCKET_IFNAME"] = lo
         env["NCCL_SOCKET_IFNAME"] = lo  # and NCCL's bootstrap sockets (not checked on a GPU)
     return env
-
-
-class _LaunchFolder:
-    """A folder only this user can enter (mode 0700), for one launch: the file the ranks
-    meet through and their stack dumps.
-
-    The launch removes it when it ends. A launcher that is killed, or terminated (SIGTERM
-    runs no Python cleanup), leaves it behind: the next launch on this machine sweeps it.
-    A lock held by the launcher tells a live launch's folder from a dead one's, whatever
-    process ids say (they are reused, and differ between containers sharing /tmp).
-    """
-
-    def __init__(self):
-        _sweep_dead_folders(tempfile.gettempdir())
-        self.path = tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-")
-        self._lock = _hold_lock(self.path)
-
-    def file(self, name: str) -> str:
-        return os.path.join(self.path, name)
-
-    def remove(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
-        if self._lock is not None:
-            self._lock.close()  # released after the folder is gone: never swept while used
-
-
-def _hold_lock(folder: str):
-    try:
-        import fcntl
-    except ImportError:  # Windows: no sweeping; a launch still removes its own folder
-        return None
-    lock = open(os.path.join(folder, "lock"), "w")  # not inherited by the ranks
-    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    return lock
-
-
-def _sweep_dead_folders(parent: str) -> None:
-    """Remove the folders of launches whose launcher died without cleaning up."""
-    try:
-        names = os.listdir(parent)
-    except OSError:
-        return
-    for name in names:
-        path = os.path.join(parent, name)
-        if name.startswith(FOLDER_PREFIX) and _abandoned(path):
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def _abandoned(path: str) -> bool:
-    try:
-        import fcntl
-        info = os.lstat(path)
-    except (ImportError, OSError):
-        return False
-    if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid()
-            or time.time() - info.st_mtime < SWEEP_AFTER_S):  # young: maybe being set up
-        return False
-    try:
-        with open(os.path.join(path, "lock"), "r") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while its launcher lives
-    except FileNotFoundError:
-        return True   # its launcher died before it could lock
-    except OSError:
-        return False
-    return True
 
 
 @contextlib.contextmanager
@@ -361,14 +210,14 @@ class _Collector:
                       for r in range(self.world_size)}
         self.startup_s: dict[int, float] = {}  # from the launch to the worker's call
         self.open_conns = {conn: rank for rank, conn in enumerate(conns)}
-        self.running = {_exit_handle(proc): rank for rank, proc in enumerate(procs)}
+        self.running = {exit_handle(proc): rank for rank, proc in enumerate(procs)}
 
     def run(self):
         try:
             return self._run()
         finally:
             for handle in self.running:
-                if isinstance(handle, _PidFd):
+                if isinstance(handle, PidFd):
                     handle.close()
 
     def _run(self):
@@ -393,7 +242,7 @@ class _Collector:
             for obj in ready:
                 if obj in self.running:
                     rank = self.running.pop(obj)
-                    if isinstance(obj, _PidFd):
+                    if isinstance(obj, PidFd):
                         obj.close()
                     self._exited(rank)
             if self.failures and first_failure_at is None:
@@ -421,7 +270,7 @@ class _Collector:
             self.failures.append((msg[4], rank, msg[2], msg[3]))
 
     def _exited(self, rank: int) -> None:
-        code = _exit_code(self.procs[rank], block=True)
+        code = exit_code(self.procs[rank], block=True)
         conn = self.conns[rank]
         while conn in self.open_conns and conn.poll():
             self._read(conn)
@@ -430,10 +279,10 @@ class _Collector:
         self.open_conns.pop(conn, None)
         reported = any(f[1] == rank for f in self.failures)
         if rank not in self.results and not reported:
-            self.failures.append((time.time(), rank, *_death_report(code, self.dump_paths[rank])))
+            self.failures.append((time.time(), rank, *death_report(code, self.dump_paths[rank])))
         elif rank in self.results and code != 0 and not reported:
             self.failures.append((time.time(), rank,
-                                  f"crashed after returning its result ({_describe_exit(code)})",
+                                  f"crashed after returning its result ({describe_exit(code)})",
                                   ""))
 
     def _error(self) -> WorkerError:
@@ -448,7 +297,7 @@ class _Collector:
         alive = sorted(self.running.values())
         starting = [r for r in alive if r not in self.startup_s and r not in self.results]
         working = [r for r in alive if r in self.startup_s and r not in self.results]
-        stuck = _ask_for_stacks(self.procs, working, self.dump_paths)
+        stuck = ask_for_stacks(self.procs, working, self.dump_paths)
         now = time.perf_counter()
         for r in starting:  # its stack would only show importlib: say where start-up was
             stage, since = self.stage[r]
@@ -471,177 +320,7 @@ class _Collector:
             stacklevel=4)  # the caller of launch
 
 
-class _PidFd:
-    """A file descriptor that becomes readable when the process exits (Linux pidfd).
-
-    multiprocessing's own sentinel is a pipe the rank holds open until it exits; a child
-    the rank forks (or execs without closing it) holds it open too, so the sentinel would
-    only fire when that child exits as well. A pidfd fires when the rank itself exits.
-    """
-
-    def __init__(self, fd: int):
-        self.fd = fd
-
-    def fileno(self) -> int:
-        return self.fd
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
-def _exit_handle(proc):
-    """What to wait on for the rank's exit: a pidfd where the system has one."""
-    if hasattr(os, "pidfd_open"):
-        try:
-            return _PidFd(os.pidfd_open(proc.pid))
-        except OSError:   # an older kernel: fall back to the sentinel
-            pass
-    return proc.sentinel
-
-
-def _exit_code(proc, block: bool = False) -> int | None:
-    """The rank's exit code, or None while it runs; without reaping it where possible.
-
-    Until a rank is reaped its pid, and so its process-group id, cannot be reused, which
-    keeps signalling that group in _stop_all safe. Ranks are reaped only there. (A rank
-    forked from the fork server is its child: reaped there at once. Its group id stays
-    reserved while anything it started lives, which is when signalling it matters.)
-    """
-    if not (hasattr(os, "waitid") and hasattr(os, "WNOWAIT")):
-        if block:
-            proc.join()
-        return proc.exitcode
-    flags = os.WEXITED | os.WNOWAIT | (0 if block else os.WNOHANG)
-    try:
-        info = os.waitid(os.P_PID, proc.pid, flags)
-    except ChildProcessError:  # already reaped, or a child of the fork server
-        if block:
-            proc.join()  # the fork server reports the code once it has reaped the rank
-        return proc.exitcode
-    if info is None:
-        return None
-    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
-
-
-def _describe_exit(code: int | None) -> str:
-    if code is None:
-        return "still running"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"killed by {name} (exit code {code})"
-    return f"exit code {code}"
-
-
 # --------------------------------------------------------------------------- stacks
-def _read_dump(path: str) -> str:
-    try:
-        with open(path, errors="replace") as fh:
-            return fh.read()
-    except OSError:
-        return ""
-
-
-def _main_thread_frames(dump: str) -> list[str]:
-    """The main thread's frames (innermost first) from the last faulthandler dump.
-
-    A dump of one thread ("Stack (most recent call first):") answers a request sent to
-    the main thread itself; an all-threads dump names each thread, and the file's first
-    line names the main one.
-    """
-    lines = dump.splitlines()
-    if not lines or not lines[0].startswith("main-thread "):
-        return []
-    main_id = lines[0].split()[1].lower()
-    frames, main_frames = None, []
-    for line in lines[1:]:
-        text = line.strip()
-        header = re.match(r"(?:Current thread|Thread) (0x[0-9a-fA-F]+)", text)
-        if header or text.startswith("Stack ("):
-            frames = []
-            if header is None or header.group(1).lower() == main_id:
-                main_frames = frames
-        elif frames is not None and text.startswith("File "):
-            frames.append(text)
-    return main_frames
-
-
-def _format_frames(frames: list[str]) -> str:
-    for i, frame in enumerate(frames):  # below the worker call is only parlab's plumbing
-        if "_worker.py" in frame and frame.endswith(" in main"):
-            frames = frames[:i]
-            break
-    shown = [re.sub(r'^File "(.*)", line (\d+) in (.*)$',
-                    lambda m: f"{m.group(3)} ({_short_path(m.group(1))}:{m.group(2)})", f)
-             for f in frames[:STACK_FRAMES]]
-    return " <- ".join(shown) + (" <- ..." if len(frames) > STACK_FRAMES else "")
-
-
-def _short_path(path: str) -> str:
-    parts = path.replace("\\", "/").split("/")
-    return "/".join(parts[-2:])
-
-
-def _ask_for_stacks(procs, ranks, dump_paths) -> dict[int, str]:
-    """Ask each rank for its main thread's stack (faulthandler), and read the dumps.
-
-    A rank that dies from the request (a multi-threaded TensorFlow rank sometimes does)
-    is reported as such.
-    """
-    if not ranks:
-        return {}
-    if not hasattr(signal, "SIGUSR1"):
-        return {r: "running the worker (stacks cannot be requested on this system)"
-                for r in ranks}
-    sizes = {r: len(_read_dump(dump_paths[r])) for r in ranks}
-    for r in ranks:
-        _worker.request_stack(procs[r].pid)
-    _wait_for_dumps(procs, ranks, dump_paths, sizes)
-    report = {}
-    for r in ranks:
-        frames = _main_thread_frames(_read_dump(dump_paths[r]))
-        where = _format_frames(frames) if frames else ""
-        code = _exit_code(procs[r])
-        if code is not None:
-            report[r] = (f"died when asked for its stack ({_describe_exit(code)})"
-                         + (f"; its stack then: {where}" if where else ""))
-        elif where:
-            report[r] = "stack, most recent call first: " + where
-        else:
-            report[r] = f"running the worker; its stack did not arrive within {DUMP_WAIT_S:g} s"
-    return report
-
-
-def _wait_for_dumps(procs, ranks, dump_paths, sizes) -> None:
-    """Until each rank has written a dump (its file grew, then stopped growing) or died."""
-    end = time.perf_counter() + DUMP_WAIT_S
-    pending, last = set(ranks), dict(sizes)
-    while pending and time.perf_counter() < end:
-        time.sleep(0.05)
-        for r in list(pending):
-            size = len(_read_dump(dump_paths[r]))
-            if _exit_code(procs[r]) is not None or sizes[r] < size == last[r]:
-                pending.discard(r)
-            last[r] = size
-
-
-def _death_report(code, dump_path) -> tuple[str, str]:
-    """Summary and traceback text for a rank that died without reporting an error."""
-    dump = _read_dump(dump_path)
-    if not dump.startswith("main-thread "):
-        # The worker never ran: the process died while Python was starting it.
-        return (f"the process died while starting ({_describe_exit(code)}), before parlab's "
-                "worker code ran; its error is printed above. In a script, the call to "
-                "parlab.launch must sit under `if __name__ == \"__main__\":` (spawned "
-                "processes import the main script).", "")
-    frames = _main_thread_frames(dump)
-    where = f"; last stack: {_format_frames(frames)}" if frames else ""
-    return (f"the process died ({_describe_exit(code)}) without reporting an error{where}",
-            dump.split("\n", 1)[1] if "Fatal Python error" in dump else "")
 
 
 # --------------------------------------------------------------------------- stopping
@@ -700,7 +379,7 @@ def _signal_group(proc, sig) -> None:
             pass  # no such group: the rank has not reached os.setpgrp yet, or all are gone
         except PermissionError:
             return
-    if _exit_code(proc) is None:  # still our unreaped child, so the pid is still its own
+    if exit_code(proc) is None:  # still our unreaped child, so the pid is still its own
         try:
             os.kill(proc.pid, sig)
         except (ProcessLookupError, PermissionError):

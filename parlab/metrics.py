@@ -53,6 +53,16 @@ class LinkFit:
                 f"bandwidth ~ {self.bandwidth_Bps / 1e9:.2f} GB/s")
 
 
+def fit_line(xs, ys) -> tuple[float, float]:
+    """(slope, intercept) of the least-squares straight line y = intercept + slope x.
+    Compute rates are fitted this way: seconds against FLOPs (or samples) of a step."""
+    x, y = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+    if x.size < 2 or np.ptp(x) == 0:
+        raise ValueError(f"a straight line needs two different x values, got {list(xs)}")
+    slope, intercept = np.polyfit(x, y, 1)
+    return float(slope), float(intercept)
+
+
 def fit_link(message_bytes, seconds) -> LinkFit:
     """Least-squares fit of time = alpha + S/beta, weighting each point relatively.
 

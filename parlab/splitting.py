@@ -10,6 +10,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+def share(total: int, parts: int, over: str, what: str = "global batch") -> int:
+    """``total // parts``: each part's equal share, or a ValueError that says the ``what``
+    does not split ``over`` its parts (e.g. "dp=3 replicas") and what to use instead."""
+    if total % parts:
+        raise ValueError(f"a {what} of {total} does not split over {over}: use a multiple "
+                         f"of {parts} (e.g. {parts * max(total // parts, 1)})")
+    return total // parts
+
+
 def check_bounds(bounds, n_layers: int, n_devices: int) -> list[int]:
     """Validate split points; every stage must get at least one layer."""
     bounds = [int(b) for b in bounds]

@@ -31,22 +31,13 @@ from __future__ import annotations
 
 import math
 
-from .errors import whole_number
+from .errors import counted, whole_number
 
 STAGES = (0, 1, 2, 3)
 PARTS = ("parameters", "gradients", "optimizer state")
 FP32_ADAM = {"bytes_per_param": 4, "optimizer_bytes_per_param": 8}
 MIXED_ADAM = {"bytes_per_param": 2, "optimizer_bytes_per_param": 12}
 GPUS = {"16 GB GPU": 16e9, "80 GB GPU": 80e9}    # as sold: V100 16 GB, A100 / H100 80 GB
-
-
-def _count(name: str, value, minimum: int) -> int:
-    n = whole_number(value)
-    if n is None:
-        raise ValueError(f"{name} must be a whole number, got {value!r}")
-    if n < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {n}")
-    return n
 
 
 def _size(name: str, value) -> float:
@@ -57,8 +48,8 @@ def _size(name: str, value) -> float:
 
 
 def _check(params, devices, stage):
-    params = _count("params", params, 0)
-    devices = _count("devices", devices, 1)
+    params = counted(params, "params", 0)
+    devices = counted(devices, "devices", 1)
     stage = whole_number(stage)
     if stage not in STAGES:
         raise ValueError(f"stage must be 0 (plain data parallel), 1, 2 or 3, got {stage!r}")
@@ -110,7 +101,7 @@ def sent_bytes(op: str, traced_bytes: float, devices: int) -> float:
     A ring all-reduce sends 2(N-1)/N of it, a reduce-scatter (N-1)/N, an all-gather
     passes the piece on N-1 times.
     """
-    n = _count("devices", devices, 1)
+    n = counted(devices, "devices", 1)
     factors = {"all_reduce": 2 * (n - 1) / n, "reduce_scatter": (n - 1) / n,
                "all_gather": float(n - 1)}
     try:

@@ -72,7 +72,7 @@ def test_this_machine_is_calibrated_back_to_back_and_between_messages(no_leftove
 
 
 def test_the_sim_benchmark_reports_the_median_over_rounds_against_each_target():
-    from parlab import bench_sim
+    from parlab.bench import sim as bench_sim
     rounds = [[{"label": "lab 01", "what": "step", "predicted": p, "measured": 1.0},
                {"label": "lab 02", "what": "bubble", "predicted": b, "measured": 0.5},
                {"label": "lab 06", "what": "step", "predicted": 1.0, "measured": m}]

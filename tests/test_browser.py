@@ -85,7 +85,7 @@ def code_sources(nb_path):
 
 
 def uses_widgets(nb_path):
-    """An explorer: ``parlab.widgets.*`` or an ``*_explorer(...)`` call (lab 08's)."""
+    """An explorer: a ``labNN.*_explorer(...)`` call (or the older ``parlab.widgets.*``)."""
     return any("widgets." in src or "_explorer(" in src for src in code_sources(nb_path))
 
 

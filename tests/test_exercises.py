@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 
 from parlab import exercises
+from parlab.course import exercise, lab02, lab06, student
 
 LABS = Path(__file__).resolve().parents[1] / "labs"
 
@@ -11,27 +12,27 @@ LABS = Path(__file__).resolve().parents[1] / "labs"
 def test_a_right_answer_is_used_and_praised(capsys):
     def mine(s, n):
         return 2 * (n - 1) / n * s
-    assert exercises.check("ring_allreduce_bytes", mine) is mine
+    assert exercise.check("ring_allreduce_bytes", mine) is mine
     assert "correct on all" in capsys.readouterr().out
 
 
 def test_a_wrong_answer_is_explained_and_replaced_by_the_reference(capsys):
     def wrong(s, n):
         return (n - 1) / n * s  # forgot the all-gather half
-    used = exercises.check("ring_allreduce_bytes", wrong)
+    used = exercise.check("ring_allreduce_bytes", wrong)
     out = capsys.readouterr().out
-    assert used is exercises.EXERCISES["ring_allreduce_bytes"].reference
+    assert used is exercise.EXERCISES["ring_allreduce_bytes"].reference
     assert "not yet right" in out and "expected" in out and "Hint" in out
 
 
 def test_an_unfilled_exercise_falls_back_and_says_so(capsys):
     def todo(s, n):
         raise NotImplementedError
-    used = exercises.check("ring_allreduce_bytes", todo)
-    assert used is exercises.EXERCISES["ring_allreduce_bytes"].reference
+    used = exercise.check("ring_allreduce_bytes", todo)
+    assert used is exercise.EXERCISES["ring_allreduce_bytes"].reference
     assert "not attempted yet" in capsys.readouterr().out
     with pytest.raises(KeyError, match="known"):
-        exercises.check("no such exercise", todo)
+        exercise.check("no such exercise", todo)
 
 
 def test_strip_solutions_keeps_indentation_and_the_rest():
@@ -41,7 +42,7 @@ def test_strip_solutions_keeps_indentation_and_the_rest():
            "    return x + y\n"
            "    # END SOLUTION\n"
            "print('after')\n")
-    assert exercises.strip_solutions(src) == ("def f(x):\n    y = 1\n"
+    assert student.strip_solutions(src) == ("def f(x):\n    y = 1\n"
                                               '    raise NotImplementedError("your code here")\n'
                                               "print('after')\n")
 
@@ -62,31 +63,31 @@ def test_student_copy_of_the_labs_has_no_solutions(tmp_path):
 
 
 def test_every_exercise_accepts_its_reference_and_falls_back_when_unfilled(capsys):
-    assert len(exercises.EXERCISES) >= 8
-    for name, ex in exercises.EXERCISES.items():
-        assert exercises.check(name, ex.reference) is ex.reference
+    assert len(exercise.EXERCISES) >= 8
+    for name, ex in exercise.EXERCISES.items():
+        assert exercise.check(name, ex.reference) is ex.reference
         assert "correct on all" in capsys.readouterr().out
 
         def todo(*args):
             raise NotImplementedError("your code here")
-        assert exercises.check(name, todo) is ex.reference
+        assert exercise.check(name, todo) is ex.reference
         assert "not attempted yet" in capsys.readouterr().out, name
 
 
 def test_second_exercises_catch_the_usual_mistakes(capsys):
     def all_wait(compute_s):                      # forgot that the slowest does not wait
         return [max(compute_s)] * len(compute_s)
-    assert exercises.check("collective_wait", all_wait) is not all_wait
+    assert exercise.check("collective_wait", all_wait) is not all_wait
     def forgot_gradients(sizes, optimizer):
         params = sum(i * o + o for i, o in zip(sizes[:-1], sizes[1:]))
         return 4 * params * (1 + {"sgd": 0, "momentum": 1, "adam": 2}[optimizer])
-    assert exercises.check("training_state_bytes", forgot_gradients) is not forgot_gradients
+    assert exercise.check("training_state_bytes", forgot_gradients) is not forgot_gradients
     def gpipe_without_fill(p, m, f, b):
         return m * (f + b)
-    assert exercises.check("pipeline_step_time", gpipe_without_fill) is not gpipe_without_fill
+    assert exercise.check("pipeline_step_time", gpipe_without_fill) is not gpipe_without_fill
     def pushes_count(events):                     # every push counted, pulls ignored
         return list(range(sum(a == "push" for a, _ in events)))
-    assert exercises.check("push_staleness", pushes_count) is not pushes_count
+    assert exercise.check("push_staleness", pushes_count) is not pushes_count
     out = capsys.readouterr().out
     assert out.count("not yet right") == 4 and "Hint" in out
 
@@ -96,15 +97,15 @@ def test_check_split_says_which_stage_to_lighten_but_never_the_answer(capsys):
     costs = [5.0, 1.0, 1.0, 1.0, 1.0, 1.0, 4.0, 2.0]
     best = balance(costs, 3)
     wrong = [1, 2] if best != [1, 2] else [6, 7]
-    exercises.check_split(wrong, costs, 3)
+    lab02.check_split(wrong, costs, 3)
     out = capsys.readouterr().out
     assert "not yet the best" in out and "stage" in out and str(best) not in out
-    exercises.check_split(lambda: best, costs, 3)
+    lab02.check_split(lambda: best, costs, 3)
     assert "correct" in capsys.readouterr().out
 
     def todo():
         raise NotImplementedError
-    ratio = exercises.check_split(todo, costs, 3)
+    ratio = lab02.check_split(todo, costs, 3)
     assert "not attempted yet" in capsys.readouterr().out and ratio < 2
 
 
@@ -114,10 +115,10 @@ def test_update_rule_hints_do_not_state_the_rule():
     def unscaled(shard, grad, lr, staleness):
         shard -= grad
     for rule in (uphill, unscaled):
-        problem = exercises._rule_problem(rule)
+        problem = lab06._rule_problem(rule)
         assert problem and "lr * grad" not in problem and "- lr" not in problem
-    assert "uphill" in exercises._rule_problem(uphill)
-    assert "by 1 times the gradient" in exercises._rule_problem(unscaled)
+    assert "uphill" in lab06._rule_problem(uphill)
+    assert "by 1 times the gradient" in lab06._rule_problem(unscaled)
     def right(shard, grad, lr, staleness):
         shard -= lr * grad
-    assert exercises._rule_problem(right) is None
+    assert lab06._rule_problem(right) is None

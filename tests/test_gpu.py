@@ -115,7 +115,7 @@ def test_gpu_memory_measured_against_computed():
 
 
 def test_bench_gpu_lines_run():
-    from parlab import bench
+    from parlab.bench import labs as bench
     lines = bench.gpu_lines(steps=20)
     assert lines and not any("no GPU" in line for line in lines), lines
 

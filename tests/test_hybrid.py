@@ -3,8 +3,7 @@ bad shapes are refused before any rank starts; the mesh-groups exercise says wha
 import pytest
 
 import parlab
-from parlab import experiments as ex
-from parlab import exercises
+from parlab.course import lab07
 from parlab.grid import Grid
 from parlab.metrics import identical, max_difference, merged
 from parlab.splitting import SplitConfig
@@ -22,7 +21,7 @@ def _per_step(timeline, rank):
 
 
 def test_dp_by_tp_equals_one_device_and_moves_the_formula_bytes(no_leftover_ranks):
-    run = ex.run_hybrid({"dp": 2, "tp": 2}, global_batch=64, steps=STEPS, lr=0.1)
+    run = lab07.run_hybrid({"dp": 2, "tp": 2}, global_batch=64, steps=STEPS, lr=0.1)
     ref = tp.dense_reference(SIZES, batch_size=64, steps=STEPS, lr=0.1)
     for pair in Grid(dp=2, tp=2).lines("tp"):                  # each tp pair holds a whole model
         whole = hy.dense_of_shards([run.results[r] for r in pair], SIZES, 2)
@@ -37,12 +36,12 @@ def test_dp_by_tp_equals_one_device_and_moves_the_formula_bytes(no_leftover_rank
 
 
 def test_dp_by_pp_equals_one_device_and_moves_the_formula_bytes(no_leftover_ranks):
-    run = ex.run_hybrid({"dp": 2, "pp": 2}, global_batch=64, steps=STEPS, lr=0.1,
+    run = lab07.run_hybrid({"dp": 2, "pp": 2}, global_batch=64, steps=STEPS, lr=0.1,
                         micro_batches=4, schedule="1f1b")
     ref = single.train_reference(SplitConfig(sizes=SIZES, batch_size=64, steps=STEPS, lr=0.1))
     for line in Grid(dp=2, pp=2).lines("pp"):                  # each pipeline: a whole model
         assert max_difference(merged(run.results[r] for r in line), ref["state"]) < TOL
-    _, cfg, _ = ex.check_hybrid({"dp": 2, "pp": 2}, global_batch=64, micro_batches=4)
+    _, cfg, _ = lab07.check_hybrid({"dp": 2, "pp": 2}, global_batch=64, micro_batches=4)
     want = hy.expected_dp_pp(cfg, dp=2)
     cut = hy.mlp_boundary_width(SIZES, cfg.bounds[0])
     assert [w["pp"] for w in want] == [2 * 32 * cut * 4] * 2          # activations + gradients
@@ -52,7 +51,7 @@ def test_dp_by_pp_equals_one_device_and_moves_the_formula_bytes(no_leftover_rank
 
 
 def test_the_library_dtensor_with_fsdp_and_ddp_equals_one_device(no_leftover_ranks):
-    run = ex.run_hybrid_library({"dp": 2, "tp": 2}, global_batch=64, steps=STEPS, lr=0.1)
+    run = lab07.run_hybrid_library({"dp": 2, "tp": 2}, global_batch=64, steps=STEPS, lr=0.1)
     ref = tp.dense_reference(SIZES, batch_size=64, steps=STEPS, lr=0.1)
     kinds = tp.layer_kinds(SIZES, 2, "column_row")
     for rank, res in enumerate(run.results):
@@ -79,11 +78,11 @@ def test_bad_meshes_and_models_are_refused_before_any_rank_starts(shape, kwargs,
                                                                    monkeypatch):
     def no_launch(*a, **k):
         raise AssertionError("a rank was started")
-    monkeypatch.setattr(ex, "launch", no_launch)
+    monkeypatch.setattr(lab07, "launch", no_launch)
     if kwargs.get("devices") == "4":
         kwargs = {**kwargs, "devices": parlab.devices(4)}
     with pytest.raises(ValueError, match=message):
-        ex.run_hybrid(shape, **kwargs)
+        lab07.run_hybrid(shape, **kwargs)
 
 
 def test_the_formulas_on_shapes_without_a_second_axis():
@@ -108,14 +107,14 @@ def _swap(fn, a, b):
 def test_mesh_groups_check_accepts_the_reference_on_real_ranks(capsys, no_leftover_ranks):
     def mine(shape):
         return {a: [list(line) for line in Grid(**shape).lines(a)] for a in shape}
-    assert exercises.check_mesh_groups(mine) is mine
+    assert lab07.check_mesh_groups(mine) is mine
     assert "correct for 4 meshes" in capsys.readouterr().out
 
 
 def test_mesh_groups_check_says_what_is_wrong(capsys, no_leftover_ranks):
-    ref = exercises.mesh_groups_reference
+    ref = lab07.mesh_groups_reference
     # tp and dp swapped: a valid partition, so it also runs on ranks and sums the wrong lines
-    assert exercises.check_mesh_groups(_swap(ref, "tp", "dp")) is ref
+    assert lab07.check_mesh_groups(_swap(ref, "tp", "dp")) is ref
     out = capsys.readouterr().out
     assert "your tp groups are the dp groups: the last axis (tp) varies fastest" in out
     assert "on real ranks" in out and "tp all-reduce summed ranks [0, 2] = 2" in out
@@ -140,7 +139,7 @@ def test_mesh_groups_check_says_what_is_wrong(capsys, no_leftover_ranks):
                       (missing_rank, "in no group"),
                       (reversed_lines, "wrong order"),
                       (not_attempted, "not attempted yet")):
-        assert exercises.check_mesh_groups(fn) is ref
+        assert lab07.check_mesh_groups(fn) is ref
         out = capsys.readouterr().out
         assert words in out, out
         assert "all-reduce summed" not in out          # no launch needed to say so

@@ -2,8 +2,10 @@
 
 framework-free core (trace, metrics, schedules, grid, ...) -> framework runtime and comm
 -> strategies (parlab.torch.*, parlab.tf.*) -> launcher -> lab-facing helpers (exercises,
-experiments, widgets, bench). A strategy says what one rank does; it never starts ranks
-or checks exercises. Every import is checked, including those inside functions.
+course, bench). A strategy says what one rank does; it never starts ranks or checks
+exercises. Every import is checked, including those inside functions, and no two
+modules import each other, even lazily (a circle: neither can be read without the
+other). No module grows past MAX_LINES: split it along a seam it has.
 """
 import ast
 from pathlib import Path
@@ -13,10 +15,11 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "parlab"
 
 CORE = {"trace", "metrics", "schedules", "splitting", "grid", "data", "errors", "plot", "sim",
-        "processes", "zero_memory"}
+        "processes", "zero_memory", "steps", "spans", "recorders", "timeline"}
+MAX_LINES = 500
 ABOVE_STRATEGIES = {"parlab.launcher", "parlab._worker", "parlab.exercises",
                     "parlab.experiments", "parlab.widgets", "parlab.bench", "parlab.__main__",
-                    "parlab.student", "parlab.starting"}
+                    "parlab.course", "parlab.starting"}
 FRAMEWORKS = ("torch", "tensorflow", "keras", "parlab.torch", "parlab.tf")
 
 
@@ -81,3 +84,73 @@ def test_the_checker_sees_relative_and_lazy_imports():
     finally:
         planted.unlink()
     assert {"parlab.bench", "parlab.launcher", "parlab.exercises", "parlab.torch.comm"} <= found
+
+
+def _module_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Module -> the parlab modules it imports, at any depth of its code. An import of a
+    package that contains the importer is left out: Python imports it first anyway."""
+    paths = {_module_name(p): p for p in package.rglob("*.py")}
+    graph = {}
+    for name, path in paths.items():
+        graph[name] = {m for m in imports_of(path)
+                       if m in paths and m != name and not name.startswith(m + ".")}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan, 1972)."""
+    index, low, stack, on_stack, circles = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def test_no_two_modules_import_each_other():
+    circles = import_circles(_module_graph())
+    assert not circles, ("modules that import each other (even inside a function): "
+                         f"{circles}; move what both need into a module below them")
+
+
+def test_the_circle_check_finds_a_planted_circle():
+    planted = PACKAGE / "_planted_circle.py"
+    planted.write_text("def go():\n    from .course import lab00\n")
+    lab00 = PACKAGE / "course" / "lab00.py"
+    original = lab00.read_text()
+    lab00.write_text(original + "\n\ndef _planted():\n    from .. import _planted_circle\n")
+    try:
+        circles = import_circles(_module_graph())
+    finally:
+        planted.unlink()
+        lab00.write_text(original)
+    assert ["parlab._planted_circle", "parlab.course.lab00"] in circles
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")),
+                         ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_module_is_longer_than_the_limit(path):
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_LINES, (f"parlab/{path.relative_to(PACKAGE)} has {lines} lines (at most "
+                                f"{MAX_LINES}): split it along a seam it already has")

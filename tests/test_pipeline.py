@@ -8,7 +8,8 @@ from conftest import rank_processes
 
 import parlab
 from parlab import schedules
-from parlab.experiments import run_pipeline
+from parlab.course import lab04
+from parlab.course.lab04 import run_pipeline
 from parlab.metrics import pipeline_bubble
 from parlab.splitting import SplitConfig
 from parlab.torch import pipeline as pl
@@ -53,7 +54,7 @@ PIPELINES = [(2, 1, "gpipe"), (2, 3, "1f1b"), (2, 4, "gpipe"), (3, 4, "1f1b"), (
 @pytest.fixture(scope="module")
 def pipelines():
     """Every (stages, micro-batches, schedule) above: one launch per number of stages,
-    each prepared (validated) as ``experiments.run_pipeline`` prepares it."""
+    each prepared (validated) as ``lab04.run_pipeline`` prepares it."""
     calls = {}
     for p, m, name in PIPELINES:
         cfg, ops = pl.prepare(LIGHT, p, m, name)
@@ -114,7 +115,7 @@ def test_the_lstm_wavefront_computes_the_stack_and_fills_diagonally(no_leftover_
 
 
 def test_the_1f1b_exercise_check(capsys):
-    assert parlab.exercises.check_schedule(schedules.one_f_one_b) is schedules.one_f_one_b
+    assert lab04.check_schedule(schedules.one_f_one_b) is schedules.one_f_one_b
     assert "correct" in capsys.readouterr().out
-    assert parlab.exercises.check_schedule(schedules.gpipe) is schedules.one_f_one_b
+    assert lab04.check_schedule(schedules.gpipe) is schedules.one_f_one_b
     assert "hold [4, 4]" in capsys.readouterr().out

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,9 +28,10 @@ from pathlib import Path
 import pytest
 
 from parlab import exercises
+from parlab.course import exercise, lab04, lab05, lab06, lab08
 
 LABS = Path(__file__).resolve().parents[1] / "labs"
-# a checker is parlab.exercises.check or check_<something>: each catches an unfilled
+# a checker is exercise.check or check_<something>: each catches an unfilled
 # exercise (NotImplementedError) and falls back (tested below and in test_exercises.py)
 EXECUTED = ("00_devices.ipynb", "01_single_device.ipynb")
 
@@ -63,12 +65,13 @@ def _raising_functions(tree: ast.AST) -> tuple[set[str], int]:
 
 
 def _checked_names(tree: ast.AST) -> set[str]:
-    """Names passed as the first argument to parlab.exercises.<checker>(...)."""
+    """Names passed as the first argument to a lab module's checker, ``labNN.check(...)``
+    or ``labNN.check_...(...)`` (or the older ``parlab.exercises.check(...)``)."""
     out = set()
     for node in ast.walk(tree):
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                 and (node.func.attr == "check" or node.func.attr.startswith("check_"))
-                and "exercises" in ast.unparse(node.func.value)):
+                and re.search(r"\blab\d\d\b|exercises", ast.unparse(node.func.value))):
             for arg in node.args:
                 if isinstance(arg, ast.Name):
                     out.add(arg.id)
@@ -92,12 +95,12 @@ def test_every_unfilled_exercise_reaches_a_checker_that_falls_back(student):
             names, bare = _raising_functions(tree)
             assert bare == 0, (f"{path.name}, code cell {i}: a `raise NotImplementedError` outside "
                                "any function stops the student's notebook; put the exercise in a "
-                               "function handed to a parlab.exercises checker")
+                               "function handed to its lab module's checker")
             later = set().union(*(_checked_names(t) for t in cells[i:]))
             for name in names:
                 assert name in later, (f"{path.name}, code cell {i}: `{name}` raises "
                                        "NotImplementedError in the student copy but is never "
-                                       "handed to a parlab.exercises.check* function")
+                                       "handed to a exercise.check* function")
             unfilled += len(names)
     assert unfilled >= 14, f"only {unfilled} exercises found: every lab 00-06 has two"
 
@@ -108,10 +111,10 @@ def test_checkers_that_run_on_ranks_fall_back_when_unfilled(capsys):
 
     def todo(*args):
         raise NotImplementedError("your code here")
-    assert exercises.check_schedule(todo) is parlab.schedules.one_f_one_b
-    assert exercises.check_update_rule(todo) is parameter_server.sgd_update
-    assert exercises.check_average_gradients(todo) is data_parallel.average_gradients
-    assert exercises.check_zero2_step(todo) is zero.zero2_step      # found before any launch
+    assert lab04.check_schedule(todo) is parlab.schedules.one_f_one_b
+    assert lab06.check_update_rule(todo) is parameter_server.sgd_update
+    assert lab05.check_average_gradients(todo) is data_parallel.average_gradients
+    assert lab08.check_zero2_step(todo) is zero.zero2_step      # found before any launch
     assert capsys.readouterr().out.count("not attempted yet") == 4
 
 

@@ -8,6 +8,7 @@ from conftest import rank_processes
 from torch import nn
 
 import parlab
+from parlab.course import lab03
 from parlab.torch import tensor_parallel as tp
 
 TOL = 1e-5  # float32: sums of partial products in a different order
@@ -127,9 +128,9 @@ def _right(x, w, b):
 
 
 def test_the_row_parallel_exercise_check_runs_the_learners_code_on_ranks(capsys, no_leftover_ranks):
-    assert parlab.exercises.check_row_parallel(_right) is _right
+    assert lab03.check_row_parallel(_right) is _right
     assert "correct" in capsys.readouterr().out
-    assert parlab.exercises.check_row_parallel(_bias_on_every_rank) is tp.row_parallel_forward
+    assert lab03.check_row_parallel(_bias_on_every_rank) is tp.row_parallel_forward
     assert "counted 2 times" in capsys.readouterr().out
-    assert parlab.exercises.check_row_parallel(_not_done) is tp.row_parallel_forward
+    assert lab03.check_row_parallel(_not_done) is tp.row_parallel_forward
     assert "not attempted" in capsys.readouterr().out

@@ -10,7 +10,9 @@ import pytest
 
 pytest.importorskip("ipywidgets")
 
-from parlab import experiments, sim, widgets  # noqa: E402
+from parlab import plot, sim  # noqa: E402
+from parlab.course import lab00, lab03, lab04, lab05, lab06  # noqa: E402
+from parlab.sim import calibrate  # noqa: E402
 from parlab.splitting import SplitConfig  # noqa: E402
 
 MLP = (64, 256, 256, 128, 10)
@@ -19,7 +21,7 @@ PIPE = SplitConfig(sizes=(64, *[256] * 32, 10), batch_size=840)
 
 @pytest.fixture(scope="module")
 def here():
-    return experiments.this_machine(sim.Link(200e-6, 1e9), flops=5e9, layer_overhead_s=20e-6)
+    return calibrate.this_machine(sim.Link(200e-6, 1e9), flops=5e9, layer_overhead_s=20e-6)
 
 
 def _controls(box):
@@ -29,18 +31,18 @@ def _controls(box):
 
 def _explorers(here):
     net = sim.Network.mlp(MLP)
-    costs = experiments.costs_from_phases(net, 64, 0.7e-3, 0.8e-3, 0.3e-3)
+    costs = calibrate.costs_from_phases(net, 64, 0.7e-3, 0.8e-3, 0.3e-3)
     cnn = sim.Network("CNN", net.layers[:2], 64)
     pipe = sim.Network.mlp(PIPE.sizes)
-    costs_pipe = experiments.costs_from_phases(pipe, 210, 40e-3, 60e-3, 5e-3)
+    costs_pipe = calibrate.costs_from_phases(pipe, 210, 40e-3, 60e-3, 5e-3)
     return {
-        "all-reduce": widgets.all_reduce_explorer(None, sim.Link(200e-6, 1e9), 0.04,
+        "all-reduce": lab00.all_reduce_explorer(None, sim.Link(200e-6, 1e9), 0.04,
                                                   unit_flops=1e9),
-        "tensor parallel": widgets.tensor_parallel_explorer(here),
-        "pipeline": widgets.pipeline_explorer(PIPE, here, costs_pipe),
-        "data parallel": widgets.data_parallel_explorer(here, costs),
-        "parameter server": widgets.parameter_server_explorer(
-            here, experiments.costs_from_phases(cnn, 32, 1e-3, 2e-3, 0.2e-3), cnn),
+        "tensor parallel": lab03.tensor_parallel_explorer(here),
+        "pipeline": lab04.pipeline_explorer(PIPE, here, costs_pipe),
+        "data parallel": lab05.data_parallel_explorer(here, costs),
+        "parameter server": lab06.parameter_server_explorer(
+            here, calibrate.costs_from_phases(cnn, 32, 1e-3, 2e-3, 0.2e-3), cnn),
     }
 
 
@@ -71,7 +73,7 @@ def test_every_cluster_of_every_explorer_predicts(here):
 
 
 def test_measuring_refuses_what_this_machine_cannot_measure(here):
-    dp = widgets.data_parallel_explorer(here)
+    dp = lab05.data_parallel_explorer(here)
     cluster = next(c for c in _controls(dp) if c.description == "cluster")
     cluster.value = cluster.options[-1]
     with pytest.raises(ValueError, match="this machine"):
@@ -82,7 +84,7 @@ def test_measured_vs_predicted_shares_one_time_scale(here):
     net = sim.Network.mlp(MLP)
     a = sim.tensor_parallel(net, here, 64, devices=2, scheme="naive")
     b = sim.tensor_parallel(net, here, 64, devices=2, scheme="column_row")
-    fig = experiments.measured_vs_predicted(a, b)
+    fig = plot.measured_vs_predicted(a, b)
     left, right = fig.axes[:2]
     assert left.get_xlim() == right.get_xlim()
     assert left.get_title() == "measured here" and right.get_title() == "PREDICTED (cost model)"

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is
 
 
 def test_gpu_benchmark_lines_are_one_line_saying_no_gpu():
-    from parlab import bench
+    from parlab.bench import labs as bench
     lines = bench.gpu_lines()
     assert len(lines) == 1 and lines[0].startswith("no GPU: skipped")
 

@@ -7,8 +7,7 @@ in it one after the other, as in the lab. Plus one launch for the ZeRO-2 exercis
 import numpy as np
 import pytest
 
-from parlab import exercises
-from parlab import experiments as ex
+from parlab.course import exercise, lab08
 from parlab import zero_memory as zm
 from parlab.metrics import max_difference
 
@@ -23,7 +22,7 @@ PSI = sum(a * b + b for a, b in zip(zero.SIZES, zero.SIZES[1:]))
 
 @pytest.fixture(scope="module")
 def run():
-    return ex.run_zero(steps=STEPS)
+    return lab08.run_zero(steps=STEPS)
 
 
 @pytest.fixture(scope="module")
@@ -76,12 +75,12 @@ def test_bytes_per_step_equal_ddp_for_stages_1_2_and_one_and_a_half_for_stage_3(
 
 
 def test_the_zero2_exercise_accepts_the_reference_on_real_ranks(capsys):
-    assert exercises.check_zero2_step(zero.zero2_step) is zero.zero2_step
+    assert lab08.check_zero2_step(zero.zero2_step) is zero.zero2_step
     assert "correct" in capsys.readouterr().out
 
     def todo(flat_params, flat_grad, lr, group=None):
         raise NotImplementedError("your code here")
-    assert exercises.check_zero2_step(todo) is zero.zero2_step     # found without a launch
+    assert lab08.check_zero2_step(todo) is zero.zero2_step     # found without a launch
     assert "not attempted yet" in capsys.readouterr().out
 
 
@@ -91,32 +90,32 @@ def _fake_results(final, poisoned=None, ops=("reduce_scatter", "all_gather")):
 
 
 def test_the_zero2_checker_names_the_usual_mistakes():
-    params, grads, _ = exercises._zero2_problem_data(N, 0)
+    params, grads, _ = lab08._zero2_problem_data(N, 0)
     right = (params - 0.1 * grads.mean(0)).numpy()
-    assert exercises._zero2_problem(_fake_results(right), N) is None
+    assert lab08._zero2_problem(_fake_results(right), N) is None
     unscaled = (params - 0.1 * grads.sum(0)).numpy()
-    assert "divides by the number of ranks" in exercises._zero2_problem(_fake_results(unscaled), N)
-    assert "all-reduce" in exercises._zero2_problem(
+    assert "divides by the number of ranks" in lab08._zero2_problem(_fake_results(unscaled), N)
+    assert "all-reduce" in lab08._zero2_problem(
         _fake_results(right, ops=("all_reduce", "all_gather")), N)
-    assert "no all-gather" in exercises._zero2_problem(
+    assert "no all-gather" in lab08._zero2_problem(
         _fake_results(right, ops=("reduce_scatter",)), N)
     nan = np.full_like(right, np.nan)
-    assert "does not own" in exercises._zero2_problem(_fake_results(right, nan), N)
+    assert "does not own" in lab08._zero2_problem(_fake_results(right, nan), N)
     start = params.numpy()
-    assert "did not change" in exercises._zero2_problem(_fake_results(start), N)
-    assert f"{N} times too small" in exercises._zero2_problem(
+    assert "did not change" in lab08._zero2_problem(_fake_results(start), N)
+    assert f"{N} times too small" in lab08._zero2_problem(
         _fake_results(start + (right - start) / N), N)
-    assert "uphill" in exercises._zero2_problem(_fake_results(start - (right - start)), N)
-    assert "traced collective" in exercises._zero2_problem(_fake_results(right, ops=()), N)
+    assert "uphill" in lab08._zero2_problem(_fake_results(start - (right - start)), N)
+    assert "traced collective" in lab08._zero2_problem(_fake_results(right, ops=()), N)
     extra = ("reduce_scatter", "all_reduce", "all_gather")     # an extra all-reduce is allowed
-    assert exercises._zero2_problem(_fake_results(right, ops=extra), N) is None
+    assert lab08._zero2_problem(_fake_results(right, ops=extra), N) is None
 
 
 def test_the_bytes_exercise_catches_a_stage_that_shards_the_wrong_part(capsys):
     def params_first(p, n, stage):            # stage 1 sharding the weights instead
         w, g, a = 4 * p, 4 * p, 8 * p
         return (w / n if stage >= 1 else w) + (g / n if stage >= 2 else g) + (a / n if stage >= 3 else a)
-    assert exercises.check("zero_device_bytes", params_first) is not params_first
+    assert exercise.check("zero_device_bytes", params_first) is not params_first
     assert "not yet right" in capsys.readouterr().out
 
 
@@ -140,7 +139,7 @@ def test_mixed_precision_saves_activation_bytes_and_keeps_float32_master_weights
 
 
 def test_the_explorer_says_what_fits_where():
-    lines, fig = ex.zero_fit(7_000_000_000, 64)          # mixed-precision Adam: 16 bytes each
+    lines, fig = lab08.zero_fit(7_000_000_000, 64)          # mixed-precision Adam: 16 bytes each
     assert lines[0].startswith("plain DP") and "112.00 GB" in lines[0]
     assert "16 GB GPU: does NOT fit, 80 GB GPU: does NOT fit" in lines[0]
     assert "16 GB GPU: fits" in lines[3] and len(fig.axes[0].patches) == 4 * 3
@@ -156,9 +155,9 @@ def test_formulas_match_the_paper_and_refuse_bad_input():
     assert zm.fits(10**9, 8, 3, 16e9)
     assert not zm.fits(10**9 + 1, 1, 0, 16e9)
     assert zm.largest_model(1, 0, 16e9) == 10**9
-    for bad, match in (((100, 0, 1), "devices must be at least 1"), ((100, 2.5, 1), "devices must be a whole"),
+    for bad, match in (((100, 0, 1), "devices must be a whole number >= 1"), ((100, 2.5, 1), "devices must be a whole"),
                        ((1.5e9, 4, 1), "params must be a whole"), ((100, 4, 4), "stage must be"),
-                       ((100, True, 1), "devices must be a whole"), ((-1, 4, 1), "params must be at least")):
+                       ((100, True, 1), "devices must be a whole"), ((-1, 4, 1), "params must be a whole number >= 0")):
         with pytest.raises(ValueError, match=match):
             zm.per_device_bytes(*bad)
     with pytest.raises(ValueError, match="bytes_per_param"):
@@ -168,4 +167,4 @@ def test_formulas_match_the_paper_and_refuse_bad_input():
     with pytest.raises(ValueError, match="variants"):
         zero.train_zero(0, 1, variants=("zero4",))
     with pytest.raises(ValueError, match="does not split"):
-        ex.run_zero(global_batch=30)
+        lab08.run_zero(global_batch=30)

@@ -15,7 +15,7 @@ Inputs
                     links (``Link``: alpha-beta), intra- and inter-node. Presets:
                     ``t4_pcie()``, ``a100_nvlink()``, ``h100_nvlink()``,
                     ``h100_infiniband(nodes)``, ``v100_dgx2h()``, ``gpu_presets()``; this
-                    machine: ``parlab.experiments.measure_this_machine()`` (one launch:
+                    machine: ``parlab.course.calibrate.measure_this_machine()`` (one launch:
                     lab 00's link sweep and lab 01's step) or ``this_machine(calibration)``
     costs           a layer pass's seconds: ``Roofline(net, cluster)`` (the default:
                     max(flops / rate, bytes / bandwidth) + a fixed cost) or ``Measured``
@@ -23,7 +23,8 @@ Inputs
                     ``measure_this_machine`` gives two: lab 01's step back to back
                     ("costs") and timed between messages ("costs_between_messages",
                     1.3-1.7x slower here: a rank that has just blocked computes
-                    slower), for the ranks of a distributed step
+                    slower), for the ranks of a distributed step; ``calibrate`` fits
+                    links and compute rates to what a lab measured
 
 Shared cores (this machine): with more runnable threads than ``cores`` (ranks, plus
 DDP's communication thread), a rank woken by a message waits ``wake_latency_s × threads
@@ -60,7 +61,7 @@ The summary model of lab 07 stays: ``Workload``, ``Plan``, ``predict`` -> ``Pred
 ``plans``, ``calibrated``, ``with_links``, ``h100_nodes``, ``presets``, and the closed
 forms ``send_s``, ``all_reduce_s``, ``bubble``.
 """
-from . import clusters, published
+from . import calibrate, clusters, published
 from .clusters import (a100_nvlink, gpu_presets, h100_infiniband, h100_nvlink, t4_pcie,
                        this_machine, v100_dgx2h)
 from .costs import Layer, Measured, Network, Roofline

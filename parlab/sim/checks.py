@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 
-from ..errors import whole_number
+from ..errors import counted
 
 
 def amount(owner: str, name: str, value, *, unit: str = "", positive: bool = False,
@@ -31,7 +31,4 @@ def amount(owner: str, name: str, value, *, unit: str = "", positive: bool = Fal
 
 def count(owner: str, name: str, value, minimum: int = 1) -> int:
     """``value`` as an int: a whole number >= ``minimum``. Raises ValueError naming it."""
-    n = whole_number(value)
-    if n is None or n < minimum:
-        raise ValueError(f"{owner}: {name} must be a whole number >= {minimum}, got {value!r}")
-    return n
+    return counted(value, f"{owner}: {name}", minimum)

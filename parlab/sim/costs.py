@@ -26,7 +26,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from ..errors import whole_number
+from ..errors import counted
+from ..metrics import fit_line
 from .checks import amount, count
 
 
@@ -102,7 +103,7 @@ class Network:
         its input (and the ReLU its output) for the backward pass. optimizer: "sgd"
         (4 + 4 bytes per parameter) or "adam" (+ 8 for the two moments, float32).
         """
-        sizes = tuple(_count(s, "a layer width") for s in sizes)
+        sizes = tuple(counted(s, "a layer width") for s in sizes)
         if len(sizes) < 2:
             raise ValueError(f"an MLP needs an input and an output width, got sizes={sizes}")
         layers = tuple(
@@ -140,20 +141,13 @@ class Network:
         body = tuple(Layer(f"block{k}", block.params, block.flops, block.out_elems,
                            block.saved_elems, block.elementwise_bytes, block.replicated_bytes,
                            block.tp_all_reduces)
-                     for k in range(_count(layers, "layers")))
+                     for k in range(counted(layers, "layers")))
         if vocab:       # its matrix also gives the logits: 2 s h V FLOPs, sliced by vocab
             head = Layer("embedding", vocab * h, 2.0 * s * h * vocab, out_elems=s * h,
                          saved_elems=s * h, tp_all_reduces=1)
             body = (head, *body)
         return cls(name, body, s * h, 2, {"params": 2, "grads": 2, "optimizer": 12},
                    grad_wire_bytes=2, update_bytes=32.0)
-
-
-def _count(value, what: str) -> int:
-    n = whole_number(value)
-    if n is None or n < 1:
-        raise ValueError(f"{what} must be a whole number >= 1, got {value!r}")
-    return n
 
 
 # ------------------------------------------------------------------ where the seconds come from
@@ -241,7 +235,7 @@ class Measured:
         ref = batches[-1]
         fixed = 0.0
         if len(batches) > 1:
-            intercepts = [_intercept(batches, [phases[b][p] for b in batches])
+            intercepts = [fit_line(batches, [phases[b][p] for b in batches])[1]
                           for p in ("forward", "backward")]
             fixed = max(sum(intercepts) / (2 * len(net)), 0.0)
             # noise can make the intercept exceed a measured pass: keep both parts >= 0
@@ -265,12 +259,6 @@ def _median_phases(timeline, rank, skip: int) -> dict:
                              "single-device step timeline (lab 01's step_timeline)")
         out[phase] = statistics.median(times[skip:] or times)
     return out
-
-
-def _intercept(xs, ys) -> float:
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    return my - slope * mx
 
 
 def _layer_weights(net: Network, cluster, batch: int) -> list[float]:

@@ -140,14 +140,14 @@ def run(programs: list[list], labels: dict | None = None, *, steps: int = 1,
     With fewer cores than ranks computing at once, each computes at cores / computing
     of its speed (the operating system shares them fairly: processor sharing).
     """
-    sim = _Engine(programs, wake_s, cores)
+    sim = Engine(programs, wake_s, cores)
     sim.run()
-    return PredictedTimeline(_merge_compute(sim.spans), labels,
+    return PredictedTimeline(merge_compute(sim.spans), labels,
                              range(len(programs)) if labels is None else None,
                              steps=steps, notes=notes)
 
 
-class _Engine:
+class Engine:
     """Runs the programs in time order, event by event.
 
     At each moment every rank that is free starts what its next operation allows: a
@@ -347,7 +347,7 @@ def ring_wakeups_s(members: int, wake_s: float, over: float) -> float:
     return 2 * (members - 1) * wake_s
 
 
-def _merge_compute(spans: list[Span]) -> list[Span]:
+def merge_compute(spans: list[Span]) -> list[Span]:
     """Consecutive compute spans of one name on a rank become one enclosing span."""
     out: list[Span] = []
     last: dict[int, int] = {}                      # rank -> index in out of its last compute

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import counted
 from .costs import Network, Roofline
-from .timelines import _divides, _Mesh, _schedule, _Stage, _stage_layers, _whole
+from .program import Mesh, Stage, divides, stage_layers, stage_orders
 
 GB = 1e9
 
@@ -84,20 +85,20 @@ def memory_per_device(net: Network, batch: int, *, dp: int = 1, tp: int = 1, pp:
     cluster: its ``memory_bytes`` is the capacity (and, with no ``costs``, its rates
     balance the stages as the timelines do); without one, stages are balanced by FLOPs.
     """
-    batch, dp, tp, pp = (_whole(batch, "batch"), _whole(dp, "dp"), _whole(tp, "tp"),
-                         _whole(pp, "pp"))
-    m = _whole(micro_batches, "micro_batches")
-    chunks = _whole(chunks, "chunks")
-    mb = _divides(_divides(batch, dp, "data-parallel replicas"), m, "micro-batches")
+    batch, dp, tp, pp = (counted(batch, "batch"), counted(dp, "dp"), counted(tp, "tp"),
+                         counted(pp, "pp"))
+    m = counted(micro_batches, "micro_batches")
+    chunks = counted(chunks, "chunks")
+    mb = divides(divides(batch, dp, "data-parallel replicas"), m, "micro-batches")
     capacity = cluster.memory_bytes if cluster is not None else float("inf")
     if costs is None:
         costs = Roofline(net, cluster) if cluster is not None else _FlopCosts(net)
-    mesh = _Mesh(_Unbounded(), dp, pp, tp) if cluster is None else _Mesh(cluster, dp, pp, tp)
-    cuts = _stage_layers(net, costs, pp * chunks, bounds, mb)
-    ops = _schedule(schedule, pp, m, chunks) if pp > 1 else [[("F", 0, 0), ("B", 0, 0)]]
+    mesh = Mesh(_Unbounded(), dp, pp, tp) if cluster is None else Mesh(cluster, dp, pp, tp)
+    cuts = stage_layers(net, costs, pp * chunks, bounds, mb)
+    ops = stage_orders(schedule, pp, m, chunks) if pp > 1 else [[("F", 0, 0), ("B", 0, 0)]]
     out = []
     for s in range(pp):
-        parts = [_Stage(net, costs, cuts[c * pp + s], mesh, scheme) for c in range(chunks)]
+        parts = [Stage(net, costs, cuts[c * pp + s], mesh, scheme) for c in range(chunks)]
         params = sum(p.params() for p in parts)
         per_chunk = [sum(net.layers[i].saved_elems / p._sliced(i) for i in p.layers)
                      * mb * net.act_bytes for p in parts]
@@ -126,8 +127,8 @@ def parameter_server_memory(net: Network, batch: int, *, workers: int = 2, serve
                             cluster=None) -> dict[str, Memory]:
     """A server keeps its shard's weights, a gradient buffer and the optimizer state; a
     worker keeps a whole copy of the weights, its gradients and its batch's activations."""
-    workers, servers = _whole(workers, "workers"), _whole(servers, "servers")
-    per = _divides(_whole(batch, "batch"), workers, "workers")
+    workers, servers = counted(workers, "workers"), counted(servers, "servers")
+    per = divides(counted(batch, "batch"), workers, "workers")
     capacity = cluster.memory_bytes if cluster is not None else float("inf")
     p, st = net.params, net.state
     shard = p / servers

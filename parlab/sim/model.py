@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from ..metrics import fit_link, pipeline_bubble
+from .calibrate import fit_compute
 from .checks import amount, count
 
 AXES = ("dp", "pp", "tp")      # the default order: tensor parallel innermost (fastest)
@@ -324,13 +325,9 @@ def calibrated(measured: dict, sizes, *, name: str = "this machine", devices: in
     batches = sorted(measured["compute"])
     xs = [w.flops_per_sample * bt for bt in batches]
     ys = [measured["compute"][bt] for bt in batches]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)       # least squares: y = intercept + slope x
-    slope = (sum((x - mx) * (y - my) for x, y in zip(xs, ys))
-             / max(sum((x - mx) ** 2 for x in xs), 1e-30))
-    intercept = my - slope * mx
+    rate, per_pass = fit_compute(xs, ys, w.layers)
     link, overhead = measured_link(measured["send"], measured["all_reduce"][2])
-    return Cluster(name, devices, memory_bytes, flops=1 / max(slope, 1e-30),
-                   layer_overhead_s=max(intercept, 0.0) / (2 * w.layers),
+    return Cluster(name, devices, memory_bytes, flops=rate, layer_overhead_s=per_pass,
                    devices_per_node=devices, intra=link, inter=link,
                    collective_overhead_s=overhead)
 

@@ -7,12 +7,13 @@ small simulation, because the server serves whichever push is ready first.
 """
 from __future__ import annotations
 
+from ..errors import counted
 from ..trace import COMM, COMPUTE, WAIT, Span
 from .costs import Network
-from .engine import (Compute, PredictedTimeline, Recv, Send, _Engine, _merge_compute,
+from .engine import (Compute, Engine, PredictedTimeline, Recv, Send, merge_compute,
                      oversubscription)
 from .model import Cluster, send_s
-from .timelines import _costs, _divides, _Mesh, _notes, _whole
+from .program import Mesh, costs_for, divides, notes_for
 
 HEADER_BYTES = 8                # a parameter server's message header: two float32
 
@@ -30,13 +31,13 @@ def parameter_server(net: Network, cluster: Cluster, batch: int, *, workers: int
     """
     if mode not in ("sync", "async"):
         raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
-    batch, steps, workers = _whole(batch, "batch"), _whole(steps, "steps"), _whole(workers, "workers")
+    batch, steps, workers = counted(batch, "batch"), counted(steps, "steps"), counted(workers, "workers")
     slow = {int(r): float(f) for r, f in (slow or {}).items()}
     if any(r not in range(1, workers + 1) or f < 1 for r, f in slow.items()):
         raise ValueError(f"slow={slow}: keys must be worker ranks 1..{workers}, factors >= 1")
-    costs = _costs(net, cluster, costs)
-    mesh = _Mesh(cluster, workers + 1, 1, 1)
-    per = _divides(batch, workers, "workers")
+    costs = costs_for(net, cluster, costs)
+    mesh = Mesh(cluster, workers + 1, 1, 1)
+    per = divides(batch, workers, "workers")
     p = net.params
     # every pull and push is a small header (version, stop / loss) and then the tensor:
     # two messages, two latencies (lab 06's protocol)
@@ -52,7 +53,7 @@ def parameter_server(net: Network, cluster: Cluster, batch: int, *, workers: int
                 p * net.state["params"], p * net.grad_wire_bytes, mesh)
     labels = {0: "server (predicted)", **{w: f"worker {w} (predicted)" for w in range(1, workers + 1)}}
     return PredictedTimeline(spans, labels, steps=steps,
-                             notes=_notes(f"parameter server, {mode}", net, cluster, costs,
+                             notes=notes_for(f"parameter server, {mode}", net, cluster, costs,
                                           slow=slow))
 
 
@@ -74,9 +75,9 @@ def _ps_sync(workers, steps, slow, fwd, bwd, update, add, t_params, t_grads, pby
             progs[0].append(Send(w, pbytes, t_params, "send params", None, True))
     for w in ws:
         progs[w].append(Recv(0, pbytes, "pull params"))
-    eng = _Engine(progs, mesh.wake, mesh.cores)
+    eng = Engine(progs, mesh.wake, mesh.cores)
     eng.run()
-    return _merge_compute(eng.spans)
+    return merge_compute(eng.spans)
 
 
 def _ps_async(workers, steps, slow, fwd, bwd, update, add, t_params, t_grads, pbytes, gbytes,

@@ -117,7 +117,7 @@ def strategy_fit(strategy, epochs: int = 3, batch: int = 64) -> dict:
 def multi_worker(rank: int, world_size: int, ports, steps: int = 20, global_batch: int = 64,
                  lr: float = 0.1) -> dict:
     """Rank function for ``parlab.launch(..., process_group=False)``: one TF worker task
-    per process (``parlab.experiments.run_multi_worker`` starts them).
+    per process (``parlab.course.lab05.run_multi_worker`` starts them).
 
     Keras 3 ``fit`` fails under MultiWorkerMirroredStrategy in this TensorFlow, so this is
     the custom loop: each worker computes on its half of every global batch, and the

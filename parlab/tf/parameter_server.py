@@ -8,7 +8,7 @@
   ``"0.0.0.0:" + port`` whatever host the cluster names, and offers no setting for it.
 
 ``cluster_training`` runs the whole cluster inside one process started by
-``parlab.launch`` (see ``parlab.experiments.run_tf_cluster``), so the notebook's kernel
+``parlab.launch`` (see ``parlab.course.lab06.run_tf_cluster``), so the notebook's kernel
 never holds gRPC servers, and stops every process it started before returning, also
 when training fails. The servers live no
 longer than that process: worker processes die with it (parent-death signal), and stay

@@ -31,15 +31,10 @@ def repeats_for(nbytes: int, traffic_bytes: float = 48e6, lo: int = 3, hi: int =
     return int(min(hi, max(lo, traffic_bytes // max(nbytes, 1))))
 
 
-def _sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _time_op(op: str, buf: torch.Tensor, rank: int, world_size: int) -> float:
     """One timed operation. For send_recv: half a ping-pong between ranks 0 and 1."""
     device = buf.device
-    _sync(device)
+    runtime.synchronize(device)
     t0 = time.perf_counter()
     if op == "send_recv":
         if rank == 0:
@@ -56,7 +51,7 @@ def _time_op(op: str, buf: torch.Tensor, rank: int, world_size: int) -> float:
         comm.broadcast(buf, 0)
     else:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
-    _sync(device)  # GPU collectives are asynchronous: wait before reading the clock
+    runtime.synchronize(device)  # GPU collectives are asynchronous: wait before reading the clock
     elapsed = time.perf_counter() - t0
     return elapsed / 2 if op == "send_recv" else elapsed
 

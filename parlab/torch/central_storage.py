@@ -19,6 +19,7 @@ import time
 import torch
 from torch import nn
 
+from ..splitting import share
 from ..trace import COMM, COMPUTE, recording
 from . import training
 from .training import flat_gradients, flat_parameters, load_flat
@@ -46,9 +47,7 @@ def train_central_storage(replicas: int = 2, model: str = "mlp", global_batch: i
     Replica k takes slice k of every global batch, so the averaged gradient is the whole
     batch's: the result equals one device on the global batch (``train_single``).
     """
-    if global_batch % replicas:
-        raise ValueError(f"a global batch of {global_batch} does not split over {replicas} "
-                         f"replicas: use a multiple of {replicas}")
+    share(global_batch, replicas, f"{replicas} replicas")
     devices, simulated = replica_devices(replicas)
     central = flat_parameters(training.build_model(model, seed=seed))  # the only lasting copy
     copies = [training.build_model(model).to(d) for d in devices]      # each replica's working memory

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -200,17 +199,10 @@ def ring_bandwidth(rank: int, world_size: int, sizes=(2**16, 2**20, 2**22), repe
     for nbytes in sizes:
         t = torch.zeros(nbytes // 4, device=device)
         for name, fn in (("our ring", ring_all_reduce), ("library", comm.all_reduce)):
-            times = []
-            for i in range(repeats + 1):
-                comm.barrier(group=g)
-                runtime.synchronize()
-                t0 = time.perf_counter()
-                fn(t, group=g)
-                runtime.synchronize()
-                if i:
-                    times.append(time.perf_counter() - t0)
+            seconds = runtime.timed_median(lambda: fn(t, group=g), repeats,
+                                           before=lambda: comm.barrier(group=g))
             out.append({"op": "all_reduce", "impl": name, "world_size": g.size,
-                        "bytes": nbytes, "seconds": float(np.median(times))})
+                        "bytes": nbytes, "seconds": seconds})
     return out if g.first else []
 
 

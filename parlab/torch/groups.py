@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
+from ..splitting import share
+
 # Mesh axis names of process groups, so a traced collective can say which axis its bytes
 # travelled on. Keyed by id(): ProcessGroup objects are not hashable in every version.
 _AXIS_OF: dict[int, str] = {}
@@ -88,10 +90,7 @@ class Group:
         order are the whole batch, and an average over the group equals the whole
         batch's mean.
         """
-        if total % self.size:
-            raise ValueError(f"a {what} of {total} does not split over {self.size} ranks: "
-                             f"use a multiple of {self.size}")
-        b = total // self.size
+        b = share(total, self.size, f"{self.size} ranks", what)
         return slice(self.index * b, (self.index + 1) * b)
 
 

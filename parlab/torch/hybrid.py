@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..splitting import SplitConfig
+from ..splitting import SplitConfig, share
 from ..trace import span
 from . import comm, data_parallel, pipeline, runtime, tensor_parallel, training
 from .mesh import init_mesh
@@ -242,10 +242,7 @@ def train_dp_pp(rank: int, world_size: int, cfg: SplitConfig, micro_batches: int
 
 def replica_config(cfg: SplitConfig, dp: int) -> SplitConfig:
     """One replica's config: ``cfg`` describes the global batch, a replica gets 1/dp."""
-    if cfg.batch_size % dp:
-        raise ValueError(f"a global batch of {cfg.batch_size} does not split over dp={dp} "
-                         f"replicas: use a multiple of {dp}")
-    return replace(cfg, batch_size=cfg.batch_size // dp)
+    return replace(cfg, batch_size=share(cfg.batch_size, dp, f"dp={dp} replicas"))
 
 
 # ------------------------------------------------------------------ the library way
@@ -335,32 +332,29 @@ def library_dp_tp(rank: int, world_size: int, dp: int = 2, tp: int = 2, sizes=SI
 
 
 # ------------------------------------------------------------------ measuring the shapes
-def measure_shapes(rank: int, world_size: int, shapes, sizes=SIZES, global_batch: int = 64,
-                   steps: int = 6, micro_batches: int = 4, schedule: str = "1f1b",
-                   lr: float = 0.1) -> list[dict]:
-    """Rank function: train every mesh shape of ``shapes`` in turn, in one launch.
+def measure_shapes(rank: int, world_size: int, prepared, sizes=SIZES, global_batch: int = 64,
+                   steps: int = 6, micro_batches: int = 4, lr: float = 0.1) -> list[dict]:
+    """Rank function: train every mesh shape of ``prepared`` in turn, in one launch.
 
-    shapes: dicts such as {"dp": 2, "tp": 2} or {"dp": 4, "pp": 1}; each product must be
-    the world size. Returns, per shape, the time window of its steps, so the timeline
-    can be cut per shape (and each step timed from it). Ranks wait for each other between
-    shapes, so one shape's start-up never overlaps another's steps.
+    prepared: per shape, ``(HybridShape, cfg, ops)`` as ``course.lab07.check_hybrid``
+    made it (checked once, before any rank started; cfg and ops only for dp × pp); each
+    shape must cover the world. Returns, per shape, the time window of its steps, so the
+    timeline can be cut per shape (and each step timed from it). Ranks wait for each
+    other between shapes, so one shape's start-up never overlaps another's steps.
     """
     out = []
-    for shape in shapes:
+    for hs, cfg, ops in prepared:
         runtime.synchronize()   # a GPU's queued kernels belong to the previous shape
         comm.barrier(name="between shapes")
         t0 = time.perf_counter()
-        if "tp" in shape:
-            train_dp_tp(rank, world_size, shape["dp"], shape["tp"], sizes, global_batch, steps, lr)
+        if hs.axis == "tp":
+            train_dp_tp(rank, world_size, hs.dp, hs.tp, sizes, global_batch, steps, lr)
         else:
-            cfg = replica_config(SplitConfig(sizes=tuple(sizes), batch_size=global_batch,
-                                             steps=steps, lr=lr), shape["dp"])
-            m = micro_batches if shape["pp"] > 1 else 1     # one stage: no micro-batches
-            cfg, ops = pipeline.prepare(cfg, shape["pp"], m, schedule)
-            train_dp_pp(rank, world_size, cfg, m, ops, shape["dp"], shape["pp"])
+            train_dp_pp(rank, world_size, cfg, hs.micro_batches(micro_batches), ops, hs.dp,
+                        hs.pp)
         runtime.synchronize()   # the window ends when the GPU has done this shape's work
         comm.barrier(name="between shapes")
-        out.append({"shape": dict(shape), "window": (t0, time.perf_counter())})
+        out.append({"shape": hs.as_dict(), "window": (t0, time.perf_counter())})
     return out
 
 
@@ -383,16 +377,8 @@ def calibrate(rank: int, world_size: int, sizes=SIZES, batches=(16, 32, 64),
     out = {"compute": {}, "all_reduce": {2: {}, world_size: {}}, "send": {}}
 
     def median_time(fn):
-        samples = []
-        for i in range(repeats + 1):
-            comm.barrier(name="calibration")
-            runtime.synchronize()
-            t0 = time.perf_counter()
-            fn()
-            runtime.synchronize()
-            if i:
-                samples.append(time.perf_counter() - t0)
-        return float(np.median(samples))
+        return runtime.timed_median(fn, repeats,
+                                    before=lambda: comm.barrier(name="calibration"))
 
     model = training.build_model("mlp", sizes=sizes, seed=0).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
@@ -421,10 +407,10 @@ def calibrate(rank: int, world_size: int, sizes=SIZES, batches=(16, 32, 64),
     return out if rank == 0 else {}
 
 
-def survey(rank: int, world_size: int, shapes, sizes=SIZES, global_batch: int = 64,
-           steps: int = 6, micro_batches: int = 4, schedule: str = "1f1b") -> dict:
+def survey(rank: int, world_size: int, prepared, sizes=SIZES, global_batch: int = 64,
+           steps: int = 6, micro_batches: int = 4) -> dict:
     """Rank function: ``calibrate``, then ``measure_shapes``, in one launch."""
     costs = calibrate(rank, world_size, sizes)
     return {"calibration": costs,
-            "shapes": measure_shapes(rank, world_size, shapes, sizes, global_batch, steps,
-                                     micro_batches, schedule)}
+            "shapes": measure_shapes(rank, world_size, prepared, sizes, global_batch, steps,
+                                     micro_batches)}

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..splitting import share
 from ..system import listening_addresses
 from ..trace import WAIT, recorder, span
 from . import comm, runtime, training
@@ -238,9 +239,7 @@ def train_parameter_server(rank: int, world_size: int, mode: str = "sync", num_s
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     g = as_group(group)
     servers, workers = roles(g.size, num_servers, g.ranks)
-    if global_batch % len(workers):
-        raise ValueError(f"a global batch of {global_batch} does not split over {len(workers)} "
-                         f"workers: use a multiple of {len(workers)}")
+    share(global_batch, len(workers), f"{len(workers)} workers")
     slow = {int(r): float(f) for r, f in (slow or {}).items()}
     for r, factor in slow.items():
         if r not in workers or factor < 1:

@@ -6,6 +6,8 @@ runs unchanged under both.
 """
 from __future__ import annotations
 
+import statistics
+
 import gc
 import os
 import random
@@ -278,3 +280,24 @@ def synchronize(device=None) -> None:
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def timed_median(fn, repeats: int, *, warmup: int = 1, before=None, device=None) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` calls, after ``warmup`` untimed ones.
+
+    Each call is timed between two ``synchronize(device)``: on a GPU the queued kernels
+    count, not their launch. ``before()`` runs untimed ahead of every call (a barrier, so
+    that every rank starts the call together). The median, not the mean: on a shared
+    machine a few calls are delayed by other processes and the mean follows them.
+    """
+    samples = []
+    for i in range(warmup + repeats):
+        if before is not None:
+            before()
+        synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        synchronize(device)
+        if i >= warmup:
+            samples.append(time.perf_counter() - t0)
+    return float(statistics.median(samples))

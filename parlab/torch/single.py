@@ -5,8 +5,6 @@ backward, update), throughput against batch size, and memory.
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import torch
 from torch import nn
@@ -14,11 +12,7 @@ from torch import nn
 from .. import data as datasets
 from ..trace import Timeline, recording, span
 from . import training
-
-
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
+from .runtime import synchronize, timed_median
 
 
 def accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray, device="cpu") -> float:
@@ -79,17 +73,17 @@ def step_timeline(model: nn.Module, x: np.ndarray, y: np.ndarray, *, batch_size:
             with span("data"):
                 xb, yb = next(batches)
                 xb, yb = torch.as_tensor(xb, device=device), torch.as_tensor(yb, device=device)
-                _sync(device)
+                synchronize(device)
             with span("forward"):
                 opt.zero_grad()
                 loss = loss_fn(model(xb), yb)
-                _sync(device)
+                synchronize(device)
             with span("backward"):
                 loss.backward()
-                _sync(device)
+                synchronize(device)
             with span("update"):
                 opt.step()
-                _sync(device)
+                synchronize(device)
     return rec.timeline({0: f"rank 0 · {label}"})
 
 
@@ -106,17 +100,12 @@ def throughput(make_model, x: np.ndarray, y: np.ndarray, batch_sizes, *, steps: 
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         xb = torch.as_tensor(x[:bs], device=device)
         yb = torch.as_tensor(y[:bs], device=device)
-        times = []
-        for i in range(steps + 2):           # two warm-up steps
-            _sync(device)
-            t0 = time.perf_counter()
+
+        def one_step():
             opt.zero_grad()
             loss_fn(model(xb), yb).backward()
             opt.step()
-            _sync(device)
-            if i >= 2:
-                times.append(time.perf_counter() - t0)
-        step = float(np.median(times))
+        step = timed_median(one_step, steps, warmup=2, device=device)
         out.append({"batch_size": bs, "step_s": step, "samples_per_s": bs / step})
     return out
 

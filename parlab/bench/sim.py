@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import statistics
 
-from .bench import _median_step, _shares, benchmark
+from ..grid import HybridShape
+from ..steps import step_seconds, warm_shares
+from .registry import benchmark
 
 SIM_SIZES = (64, 256, 256, 128, 10)       # the course's MLP (labs 02, 03, 05, 06, 07)
 SIM_PIPELINE_SIZES = (64, 256, 256, 256, 256, 256, 256, 10)     # lab 04: deeper, same width
@@ -35,14 +37,16 @@ def measure(quick: bool = False) -> dict:
     """
     import numpy as np
 
-    from .experiments import measure_this_machine, run_pipeline, survey_hybrid
-    from .launcher import launch
-    from .splitting import SplitConfig
-    from .torch import data_parallel as dp
-    from .torch import parameter_server as ps
-    from .torch import pipeline as pl
-    from .torch import split
-    from .torch import tensor_parallel as tp
+    from ..course.calibrate import measure_this_machine
+    from ..course.lab04 import run_pipeline
+    from ..course.lab07 import survey_hybrid
+    from ..launcher import launch
+    from ..splitting import SplitConfig
+    from ..torch import data_parallel as dp
+    from ..torch import parameter_server as ps
+    from ..torch import pipeline as pl
+    from ..torch import split
+    from ..torch import tensor_parallel as tp
 
     steps = 20 if quick else 60
     out = {"load": _load()}
@@ -56,13 +60,13 @@ def measure(quick: bool = False) -> dict:
 
     res = launch(split.train_split, 2, args=(SplitConfig(sizes=SIM_SIZES, bounds=[4],
                                                          batch_size=64, steps=steps),))
-    out["lab02"] = {"step": _median_step(res.timeline, name="forward"),
-                    "idle": _warm_shares(res.timeline, "forward", skip=2)["idle"]}
+    out["lab02"] = {"step": step_seconds(res.timeline, "forward", skip=0),
+                    "idle": warm_shares(res.timeline, "forward", skip=2)["idle"]}
 
     for scheme in ("naive", "column_row"):
         res = launch(tp.train_sliced, 2, args=(SIM_SIZES, scheme, 64, steps))
-        m = _warm_shares(res.timeline, "forward", skip=2)
-        out[f"lab03 {scheme}"] = {"step": _median_step(res.timeline, name="forward"),
+        m = warm_shares(res.timeline, "forward", skip=2)
+        out[f"lab03 {scheme}"] = {"step": step_seconds(res.timeline, "forward", skip=0),
                                   "comm": m["comm"] + m["idle"]}
 
     cfg = SplitConfig(sizes=SIM_PIPELINE_SIZES, batch_size=256, steps=10 if quick else 30,
@@ -70,12 +74,12 @@ def measure(quick: bool = False) -> dict:
     out["lab04 bounds"] = [(b + 1) // 2 for b in pl.stage_bounds(cfg, 2)]
     for schedule in ("gpipe", "1f1b"):
         res = run_pipeline(cfg, 2, 4, schedule)
-        out[f"lab04 {schedule}"] = {"step": _median_step(res.timeline, name="F0"),
+        out[f"lab04 {schedule}"] = {"step": step_seconds(res.timeline, "F0", skip=0),
                                     "bubble": pl.measured_bubble(res.timeline, 2, 4)}
 
     for mode in ("by_hand", "ddp"):
         res = launch(dp.train_data_parallel, 2, args=(mode, "mlp", 128, steps, 0.05))
-        m = _warm_shares(res.timeline.filter(ranks=[0, 1]), "forward", skip=2)
+        m = warm_shares(res.timeline.filter(ranks=[0, 1]), "forward", skip=2)
         out[f"lab05 {mode}"] = {"step": float(np.median(res.results[0]["step_s"][2:])),
                                 "comm": m["comm"] + m["idle"],
                                 "buckets": res.results[0].get("buckets_per_step")}
@@ -102,7 +106,7 @@ def compare(measured: dict) -> list[dict]:
     """
     import numpy as np
 
-    from . import sim
+    from .. import sim
 
     cluster = measured["calibration"]["cluster"]
     alone = measured["calibration"]["costs"]          # lab 01: one device, back to back
@@ -122,18 +126,18 @@ def compare(measured: dict) -> list[dict]:
     pred = sim.manual_split(net, cluster, 64, devices=2, bounds=[2], steps=3, costs=costs)
     m = measured["lab02"]
     row("lab 02 split over 2", "step", pred.step_s, m["step"])
-    row("lab 02 split over 2", "idle+wait share", _warm_shares(pred, "forward")["idle"],
+    row("lab 02 split over 2", "idle+wait share", warm_shares(pred, "forward")["idle"],
         m["idle"])
 
     for scheme in ("naive", "column_row"):
         pred = sim.tensor_parallel(net, cluster, 64, devices=2, scheme=scheme, steps=3,
                                    costs=costs)
-        m, p = measured[f"lab03 {scheme}"], _warm_shares(pred, "forward")
+        m, p = measured[f"lab03 {scheme}"], warm_shares(pred, "forward")
         label = f"lab 03 tensor parallel {scheme}"
         row(label, "step", pred.step_s, m["step"])
         row(label, "transfer+wait share", p["comm"] + p["idle"], m["comm"])
 
-    from .torch.pipeline import measured_bubble  # a timeline reader: works on predictions too
+    from ..torch.pipeline import measured_bubble  # a timeline reader: works on predictions too
     pnet = sim.Network.mlp(SIM_PIPELINE_SIZES)
     pcosts = _rescaled(costs, net, pnet)
     for schedule in ("gpipe", "1f1b"):
@@ -149,7 +153,7 @@ def compare(measured: dict) -> list[dict]:
         buckets = "per_tensor" if mode == "by_hand" else max(round(m["buckets"] or 1), 1)
         pred = sim.data_parallel(net, cluster, 128, devices=2, buckets=buckets,
                                  overlap=mode == "ddp", steps=3, costs=costs)
-        p = _warm_shares(pred.filter(ranks=[0, 1]), "forward")
+        p = warm_shares(pred.filter(ranks=[0, 1]), "forward")
         label = f"lab 05 data parallel {mode} ({buckets} all-reduce(s) per step)"
         row(label, "step", pred.step_s, m["step"])
         row(label, "main lanes' transfer+wait share", p["comm"] + p["idle"], m["comm"])
@@ -165,10 +169,10 @@ def compare(measured: dict) -> list[dict]:
         row(label, "fast worker's wait share", fast["wait_share"] + fast["idle_share"], m["wait"])
 
     for entry in measured["lab07"]:
-        shape = entry["shape"]
-        pred = sim.hybrid(net, cluster, 64, dp=shape["dp"], tp=shape.get("tp", 1),
-                          pp=shape.get("pp", 1), micro_batches=4, steps=3, costs=costs)
-        marker = "F0" if shape.get("pp", 1) > 1 else "forward"
+        shape = HybridShape.of(entry["shape"])
+        pred = sim.hybrid(net, cluster, 64, dp=shape.dp, tp=shape.tp, pp=shape.pp,
+                          micro_batches=4, steps=3, costs=costs)
+        marker = "F0" if shape.pp > 1 else "forward"
         row(f"lab 07 {entry['label']}", "step", step_of(pred, marker), entry["step"])
     return rows
 
@@ -244,7 +248,7 @@ def _calibration_line(k: int, measured: dict) -> str:
 @benchmark("sim")
 def sim_bench(quick: bool = False) -> list[str]:
     """The cost model against this machine (labs 01-07) and against published figures."""
-    from . import sim
+    from .. import sim
     rounds, lines = [], []
     for k in range(1 if quick else ROUNDS):
         measured = measure(quick)
@@ -254,15 +258,6 @@ def sim_bench(quick: bool = False) -> list[str]:
 
 
 # ------------------------------------------------------------------ helpers
-def _warm_shares(timeline, marker: str, skip: int = 1, rank=None) -> dict:
-    """Mean compute / transfer / wait+idle share over the steps after the first ``skip``."""
-    windows = timeline.step_windows(marker, rank)[skip:]
-    shares = _shares(timeline, windows)
-    lanes = list(shares)
-    return {k: sum(shares[r][k] for r in lanes) / len(lanes) for k in ("compute", "comm")} | {
-        "idle": sum(shares[r]["wait"] + shares[r]["idle"] for r in lanes) / len(lanes)}
-
-
 def _load() -> str:
     """The machine's 1-minute load average: how many processes wanted its cores."""
     import os

@@ -1,38 +1,11 @@
-"""Benchmarks: each prints ratios measured within one run, against its target.
-
-``python -m parlab bench`` runs them all; ``--only NAME`` one. Later labs add theirs with
-``@benchmark``. Timings on shared machines are noisy, so each benchmark interleaves the
-variants it compares and reports medians; nothing here is asserted in the test suite.
-"""
+"""The labs' benchmarks: tracing overhead, launch start-up, the GPU, and one per lab."""
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
 
-BENCHMARKS: dict[str, Callable[[], list[str]]] = {}
-
-
-def benchmark(name: str):
-    def register(fn):
-        BENCHMARKS[name] = fn
-        return fn
-    return register
-
-
-def run(only: str | None = None, quick: bool = False) -> int:
-    names = [only] if only is not None else list(BENCHMARKS)
-    unknown = [n for n in names if n not in BENCHMARKS]
-    if unknown:
-        print(f"unknown benchmark {unknown[0]!r}; known: {', '.join(BENCHMARKS)}")
-        return 2
-    for name in names:
-        print(f"== {name}")
-        started = time.perf_counter()
-        for line in BENCHMARKS[name](quick=quick):
-            print(f"   {line}")
-        print(f"   ({time.perf_counter() - started:.1f} s)")
-    return 0
+from ..steps import shares_by_kind, shares_text, step_seconds
+from .registry import benchmark
 
 
 # --------------------------------------------------------------------------- tracing
@@ -264,12 +237,6 @@ def _paired_ratio(results, a: str, b: str) -> tuple[float, float, float]:
 
 
 # --------------------------------------------------------------------------- lab 02
-def _median_step(timeline, rank: int = 0, name: str = "data") -> float:
-    """Median interval between the starts of consecutive steps on one rank."""
-    starts = sorted(s.start for s in timeline if s.rank == rank and s.name == name)
-    return statistics.median(b - a for a, b in zip(starts, starts[1:]))
-
-
 @benchmark("manual_split")
 def manual_split(quick: bool = False) -> list[str]:
     import numpy as np
@@ -284,7 +251,7 @@ def manual_split(quick: bool = False) -> list[str]:
     step = {}
     for n, bounds in ((1, []), (2, [4]), (1, []), (2, [4])):  # interleaved: drift hits both
         out = launch(split.train_split, n, args=(SplitConfig(**{**mlp.__dict__, "bounds": bounds}),))
-        step.setdefault(n, []).append(_median_step(out.timeline))
+        step.setdefault(n, []).append(step_seconds(out.timeline, "data", skip=0))
     one, two = min(step[1]), min(step[2])  # best of two interleaved runs each
     lines = [f"MLP step: 1 device {one * 1e3:.2f} ms, split over 2 devices {two * 1e3:.2f} ms: "
              f"the split takes {two / one:.2f}x the single-device time "
@@ -323,38 +290,18 @@ def vertical_slicing(quick: bool = False) -> list[str]:
             check = "matches" if measured == formula else "DIFFERS FROM"
             lines.append(f"{scheme:<11} {measured:>9,.0f} bytes per rank per step (measured), "
                          f"{check} the formula {formula:,}")
-        step_time.setdefault(scheme, []).append(_median_step(out.timeline, name="forward"))
+        step_time.setdefault(scheme, []).append(step_seconds(out.timeline, "forward", skip=0))
     naive, paired = min(step_time["naive"]), min(step_time["column_row"])
     lines.append(f"step time on 2 devices: naive {naive * 1e3:.2f} ms, column-then-row "
                  f"{paired * 1e3:.2f} ms: naive/column-then-row = {naive / paired:.2f}")
     return lines
 
 
-# --------------------------------------------------------------------------- shares
-def _shares(timeline, windows, lanes=None) -> dict[int, dict[str, float]]:
-    """Per lane: share of compute, transfer (comm), wait and idle over the given windows."""
-    lanes = timeline.ranks if lanes is None else lanes
-    totals = {r: {"compute": 0.0, "comm": 0.0, "wait": 0.0, "idle": 0.0} for r in lanes}
-    for a, b in windows:
-        win = timeline.window(a, b)
-        for r in lanes:
-            for kind, secs in win.seconds_by_kind(r).items():
-                totals[r][kind] += secs
-    return {r: {k: v / (sum(t.values()) or 1.0) for k, v in t.items()} for r, t in totals.items()}
-
-
-def _shares_text(shares: dict, labels=None) -> str:
-    return "; ".join(f"{(labels or {}).get(r, f'rank {r}')}: compute {s['compute']:.0%}, "
-                     f"transfer {s['comm']:.0%}, wait {s['wait']:.0%}, idle {s['idle']:.0%}"
-                     for r, s in shares.items())
-
-
-# --------------------------------------------------------------------------- lab 04
 @benchmark("pipeline_bubble")
 def pipeline_bubble_bench(quick: bool = False) -> list[str]:
     import numpy as np
 
-    from parlab.experiments import run_pipeline
+    from parlab.course.lab04 import run_pipeline
     from parlab.metrics import pipeline_bubble
     from parlab.schedules import bubble_share, one_f_one_b, simulate
     from parlab.splitting import SplitConfig
@@ -385,7 +332,7 @@ def pipeline_bubble_bench(quick: bool = False) -> list[str]:
                                           [fb["B", r] for r in (0, 1)]))
         costs = ", ".join(f"stage {r} F {fb['F', r] * 1e3:.2f} / B {fb['B', r] * 1e3:.2f} ms"
                           for r in (0, 1))
-        lines.append(f"      per rank over the {len(warm)} warm steps: {_shares_text(shares)}")
+        lines.append(f"      per rank over the {len(warm)} warm steps: {shares_text(shares)}")
         lines.append(f"      bubble as wait + idle {as_kinds:.3f}; predicted {predicted:.3f} by "
                      f"simulating 1F1B with the measured costs ({costs}; formula {formula:.3f})")
     lines.append(f"throughput gain of m=8 over m=1: {step[1] / step[8]:.2f}x "
@@ -410,14 +357,14 @@ def data_parallel_bench(quick: bool = False) -> list[str]:
             # the warm steps of the faster 2-device run: main threads, and the lanes
             # where DDP's bucket all-reduces ran in the background
             warm = res.timeline.step_windows("forward")[2:]
-            shares = _shares(res.timeline, warm)
+            shares = shares_by_kind(res.timeline, warm)
     one, two = min(step[1]), min(step[2])
     speedup = one / two
     lines = [f"data parallel (DDP), conv_stack, global batch 256: 1 device {one * 1e3:.1f} ms, "
              f"2 devices {two * 1e3:.1f} ms per step: speed-up {speedup:.2f}x "
              f"(target >= 1.6: {'meets' if speedup >= 1.6 else 'MISSES'})"]
     lanes = {0: "rank 0 main", 1: "rank 1 main", 2: "rank 0 buckets", 3: "rank 1 buckets"}
-    lines.append(f"2 devices, warm steps, per lane: {_shares_text(shares, lanes)}")
+    lines.append(f"2 devices, warm steps, per lane: {shares_text(shares, lanes)}")
     for n in (2, 4):
         recs = launch(dp.ring_bandwidth, n, args=((2**20, 2**22, 2**24),)).results[0]
         ratios = []
@@ -469,7 +416,7 @@ def hybrid_bench(quick: bool = False) -> list[str]:
     is a median over steps, next to the cost model's PREDICTED one (calibrated in that
     launch too).
     """
-    from parlab.experiments import survey_hybrid
+    from parlab.course.lab07 import survey_hybrid
 
     survey = survey_hybrid(steps=6 if quick else 12)
     rows = {r["label"]: r for r in survey["rows"]}
@@ -496,7 +443,7 @@ def memory_bench(quick: bool = False) -> list[str]:
     Bytes are exact (counted on the tensors each rank keeps, and on the traced
     collectives); the checkpointing times are the quickest of interleaved runs.
     """
-    from parlab.experiments import run_zero
+    from parlab.course.lab08 import run_zero
     from parlab.torch import memory, zero
 
     steps = 3
@@ -521,7 +468,3 @@ def memory_bench(quick: bool = False) -> list[str]:
                  f"of the plain model, step {four['step_s'] / plain['step_s']:.2f}x as long "
                  f"(a forward pass alone: {plain['forward_s'] / plain['step_s']:.2f}x a plain step)")
     return lines
-
-
-# the cost model's benchmark lives in its own module; importing it registers it
-from . import bench_sim  # noqa: E402,F401

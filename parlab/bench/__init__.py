@@ -1,0 +1,11 @@
+"""Benchmarks: ratios measured within one run, printed against their targets.
+
+``registry`` (the ``@benchmark`` decorator and ``run``) is imported by each module listed
+here; importing the package registers them all: ``labs`` (tracing overhead, launch
+start-up, the GPU, one benchmark per lab) and ``sim`` (the cost model against this
+machine and against published runs).
+"""
+from __future__ import annotations
+
+from . import labs, sim  # noqa: F401 - importing registers their benchmarks
+from .registry import BENCHMARKS, benchmark, run  # noqa: F401

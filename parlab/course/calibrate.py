@@ -1,0 +1,54 @@
+"""Calibrating the cost model on this machine in one launch (``measure_this_machine``)."""
+from __future__ import annotations
+
+from ..launcher import launch
+from ..torch.calibrate import CALIBRATION_MESSAGES, calibration_ranks
+
+
+def measure_this_machine(sizes=(64, 256, 256, 128, 10), *, batches=(32, 128), fit_batches=None,
+                         steps: int = 15, messages=CALIBRATION_MESSAGES, devices: int = 4,
+                         timeout: float = 300.0) -> dict:
+    """Calibrate the cost model here, in one launch of two ranks (PREDICTIONS follow from it).
+
+    Measures lab 00's link (one message, and an all-reduce of two ranks, per size in
+    ``messages``), how late a rank that blocked on a message resumes (the cluster's
+    ``wake_latency_s``: on a busy CPU the scheduler must give it a core back) and lab
+    01's step of the MLP ``sizes`` at each batch size, back to back and between
+    messages. Returns {"cluster": a ``sim.Cluster`` of ``devices`` simulated
+    devices sharing this machine's cores, with the measured link and collective overhead
+    (``sim.measured_link``), "costs": ``sim.Measured`` per-layer costs of the step run
+    back to back (lab 01), "costs_between_messages": the same timed as a rank of a
+    distributed step computes, after a blocking message (use these for two ranks or
+    more), both fitted on ``fit_batches`` (default: all ``batches``), "timelines":
+    {batch: the measured single-device steps, back to back}, "timelines_between_messages"
+    (the same, between messages), "links": the sweep's records}.
+    """
+    import os
+    import statistics
+
+    from .. import sim
+    from ..trace import Timeline
+    batches = tuple(batches)
+    res = launch(calibration_ranks, 2, args=(tuple(sizes), batches, steps, tuple(messages)),
+                 timeout=timeout)
+    phases = [s for s in res.timeline if s.rank == 0 and s.name in ("forward", "backward", "update")]
+    per_run = 3 * steps * len(batches)
+    timelines, woken = ({b: Timeline(run[3 * steps * k: 3 * steps * (k + 1)])
+                         for k, b in enumerate(batches)}
+                        for run in (phases[:per_run], phases[per_run:]))
+    net = sim.Network.mlp(sizes)
+    fit = tuple(fit_batches or batches)
+    costs = sim.Measured.from_timeline({b: timelines[b] for b in fit}, net, skip=2)
+    between = sim.Measured.from_timeline({b: woken[b] for b in fit}, net, skip=2)
+    records = res.results[0]["links"]
+    by_op = {op: {r["bytes"]: r["seconds"] for r in records if r["op"] == op}
+             for op in ("send_recv", "all_reduce")}
+    link, overhead = sim.measured_link(by_op["send_recv"], by_op["all_reduce"])
+    late = [b - a for a, b in zip(res.results[0]["wake"], res.results[1]["wake"])]
+    wake = max(statistics.median(late) - link.time(8), 0.0)
+    per_pass = [costs.forward_s(i, max(fit)) + costs.backward_s(i, max(fit)) for i in range(len(net))]
+    flops = 3 * max(fit) * sum(layer.flops for layer in net.layers) / sum(per_pass)
+    cluster = sim.Cluster("this machine (measured)", devices, 8e9, flops, costs.fixed_s, devices,
+                          link, link, overhead, wake_latency_s=wake, cores=os.cpu_count() or 1)
+    return {"cluster": cluster, "costs": costs, "costs_between_messages": between,
+            "timelines": timelines, "timelines_between_messages": woken, "links": records}

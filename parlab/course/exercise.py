@@ -1,0 +1,91 @@
+"""Exercises that check themselves.
+
+In a lab, an exercise cell holds the learner's function with the reference solution
+between ``# BEGIN SOLUTION`` and ``# END SOLUTION``; the next cell calls
+``labNN.check("name", fn)``. The checker runs the learner's function on test cases, says
+in words what is right or wrong, and returns the function the rest of the lab should use:
+the learner's when it passes, the reference otherwise (and it says so), so a lab always
+runs to the end. Each lab's module registers its exercises here when it is imported.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+
+@dataclass
+class Exercise:
+    name: str
+    reference: Callable
+    cases: Sequence[tuple]                  # argument tuples to try
+    hint: str                               # said when an answer is wrong
+    close: Callable = field(default=lambda got, want: math.isclose(got, want, rel_tol=1e-9,
+                                                                    abs_tol=1e-12))
+
+
+EXERCISES: dict[str, Exercise] = {}
+
+
+def register(exercise: Exercise) -> Exercise:
+    EXERCISES[exercise.name] = exercise
+    return exercise
+
+
+def check(name: str, fn: Callable, *, verbose: bool = True) -> Callable:
+    """Check the learner's ``fn`` for exercise ``name``; return the function to use next."""
+    try:
+        ex = EXERCISES[name]
+    except KeyError:
+        raise KeyError(f"no exercise named {name!r}; known: {sorted(EXERCISES)}") from None
+    problems = []
+    for args in ex.cases:
+        want = ex.reference(*args)
+        try:
+            got = fn(*args)
+        except NotImplementedError:
+            _say(verbose, f"[{name}] not attempted yet: the lab goes on with the reference "
+                          "solution. Fill in the function and run this cell again.")
+            return ex.reference
+        except Exception as exc:  # noqa: BLE001 - reported to the learner in words
+            problems.append(f"{name}{args} raised {type(exc).__name__}: {exc}")
+            continue
+        try:
+            ok = bool(ex.close(got, want))
+        except Exception:  # noqa: BLE001 - e.g. wrong type or shape
+            ok = False
+        if not ok:
+            problems.append(f"{name}{args} returned {got!r}, expected {want!r}")
+    if problems:
+        shown = "\n  ".join(problems[:3])
+        more = f"\n  (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        _say(verbose, f"[{name}] not yet right, {len(problems)} of {len(ex.cases)} cases "
+                      f"wrong:\n  {shown}{more}\nHint: {ex.hint}\n"
+                      "The lab goes on with the reference solution.")
+        return ex.reference
+    _say(verbose, f"[{name}] correct on all {len(ex.cases)} cases.")
+    return fn
+
+
+def run_on_ranks(name: str, worker, fn, world_size: int = 2):
+    """Run the learner's ``fn`` on real ranks through ``worker(rank, world_size, fn)``.
+
+    Returns the ranks' results, or None after saying why (not attempted yet, or which rank
+    failed and how), in which case the caller goes on with its reference solution.
+    """
+    from ..errors import WorkerError
+    from ..launcher import launch
+    try:
+        return launch(worker, world_size, args=(fn,), timeout=60).results
+    except WorkerError as err:
+        if "NotImplementedError" in err.summary:
+            print(f"[{name}] not attempted yet: the lab goes on with the reference solution.")
+        else:
+            print(f"[{name}] your function failed on rank {err.rank}: {err.summary}\n"
+                  "The lab goes on with the reference solution.")
+        return None
+
+
+def _say(verbose: bool, text: str) -> None:
+    if verbose:
+        print(text)

@@ -1,0 +1,176 @@
+"""Lab 06 (labs/06_parameter_server.ipynb): what its notebook runs, its explorer, its exercises."""
+from __future__ import annotations
+
+from ..launcher import launch
+from .exercise import Exercise, check, register, run_on_ranks  # noqa: F401 - the notebook calls check
+from .explorer import (HERE, choice, cluster_choices, cluster_for, explorer,
+                       refuse_unless_here, slider)
+
+
+def run_tf_cluster(timeout: float = 180.0, env: dict | None = None, **options) -> dict:
+    """A TensorFlow parameter-server cluster, trained in a fresh process; its report.
+
+    ``options`` go to ``parlab.tf.parameter_server.cluster_training`` (num_workers,
+    chunks, steps_per_chunk, workers_in_process, kill_worker, ...); ``env``: extra
+    environment variables for the cluster's processes. The process and every
+    server it started are gone when this returns, whether training succeeded or not.
+    """
+    import functools
+
+    from ..tf import parameter_server
+    result = launch(functools.partial(parameter_server.cluster_training, **options), 1,
+                    process_group=False, timeout=timeout,
+                    env={"TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})
+    return result.results[0]
+
+
+def _rule_problem(fn) -> str | None:
+    """What is wrong with an update rule on small known tensors (None: nothing)."""
+    import torch
+    torch.manual_seed(1)
+    for staleness in (0, 3):
+        shard, grad = torch.randn(12), torch.randn(12)
+        before = shard.clone()
+        out = fn(shard, grad.clone(), 0.1, staleness)
+        want = before - 0.1 * grad
+        if torch.equal(shard, before):
+            if isinstance(out, torch.Tensor) and torch.allclose(out, want, atol=1e-6):
+                return ("it returns the new parameters but leaves `shard` unchanged: the server "
+                        "sends `shard` itself to the workers, so change it in place "
+                        "(`shard -= ...` or `shard.sub_(...)`).")
+            return "`shard` is unchanged after the call: apply the gradient to it, in place."
+        if not torch.allclose(shard, want, atol=1e-6):
+            step = shard - before
+            where = f"with lr 0.1 and staleness {staleness}"
+            if torch.allclose(step, 0.1 * grad, atol=1e-6):
+                return (f"{where}, the parameters moved along the gradient, uphill: the loss "
+                        "would grow. Gradient descent goes the other way.")
+            scale = float((step @ -grad) / (grad @ grad))
+            if torch.allclose(step, -scale * grad, atol=1e-6):
+                return (f"{where}, the parameters moved the right way, but by {scale:.3g} times "
+                        "the gradient: how far should one step go? (Plain SGD does not use "
+                        "the staleness.)")
+            return (f"{where}, the parameters did not move against their gradient: each "
+                    "number of `shard` should move against its own number of `grad`.")
+    return None
+
+
+def _train_with_rule(rank: int, world_size: int, rule, steps: int = 40) -> dict:
+    from ..torch.parameter_server import train_parameter_server
+    return train_parameter_server(rank, world_size, mode="async", num_servers=1, model="mlp",
+                                  global_batch=64, steps=steps, lr=0.2, update=rule)
+
+
+def check_update_rule(fn, steps: int = 40):
+    """Check the learner's asynchronous update rule, then train with it on real ranks.
+
+    Returns the rule the rest of the lab uses: the learner's when it is right, otherwise
+    ``sgd_update`` (and it says why).
+    """
+    import functools
+
+    import numpy as np
+
+    from ..torch.parameter_server import accuracy, sgd_update
+    try:
+        problem = _rule_problem(fn)
+    except NotImplementedError:
+        print("[async_update] not attempted yet: the lab goes on with the reference rule.")
+        return sgd_update
+    except Exception as exc:  # noqa: BLE001 - reported to the learner in words
+        problem = f"it raised {type(exc).__name__}: {exc}"
+    if problem:
+        print(f"[async_update] not yet right: {problem}\nThe lab goes on with the reference rule.")
+        return sgd_update
+    results = run_on_ranks("async_update", functools.partial(_train_with_rule, steps=steps), fn, 3)
+    if results is None:
+        return sgd_update
+    applied = results[0]["applied"]
+    first = np.mean([a["loss"] for a in applied[:10]])
+    last = np.mean([a["loss"] for a in applied[-10:]])
+    print(f"[async_update] correct. An asynchronous server with your rule applied "
+          f"{len(applied)} pushes from 2 workers: loss {first:.2f} -> {last:.2f}, test accuracy "
+          f"{accuracy(results):.0%}.")
+    return fn
+
+
+def _push_staleness(events):
+    # an asynchronous server: every push is applied at once (one more version); a pull
+    # reads the current version; a push's staleness is the updates since its worker read
+    version, read, out = 0, {}, []
+    for action, worker in events:
+        if action == "pull":
+            read[worker] = version
+        else:
+            out.append(version - read[worker])
+            version += 1
+    return out
+
+
+register(Exercise(
+    name="push_staleness",
+    reference=_push_staleness,
+    cases=[([("pull", 1), ("pull", 2), ("push", 1), ("pull", 1), ("push", 2), ("pull", 2)],),
+           ([("pull", 1), ("push", 1), ("pull", 1), ("push", 1)],),
+           ([("pull", 1), ("pull", 2), ("pull", 3), ("push", 3), ("pull", 3), ("push", 3),
+             ("push", 1), ("push", 2)],),
+           ([("pull", 2), ("pull", 1), ("push", 1), ("pull", 1), ("push", 1), ("pull", 1),
+             ("push", 1), ("pull", 1), ("push", 2), ("pull", 2)],)],
+    hint="keep a version number that the server increases with every gradient it applies, "
+         "and remember which version each worker last read. A worker's own earlier pushes "
+         "do not make its next gradient stale if it pulled after them.",
+    close=lambda got, want: list(got) == list(want),
+))
+
+
+def parameter_server_explorer(here, measured=None, net=None, *, per_worker: int = 32):
+    """Lab 06: a parameter server and n workers, one of them slower (PREDICTED).
+
+    here: this machine as the lab calibrated it; measured: the per-layer costs of the
+    lab's model measured here (``sim.Measured``); net: that model (``sim.Network``, e.g.
+    ``torch.calibrate.network_of(models.cnn(), (1, 8, 8))``). Every worker takes
+    ``per_worker`` samples a step (lab 06: 2 workers, global batch 64), whatever their
+    number. Throughput counts the gradients the server applies per second. "measure it here" runs
+    ``parameter_server.train_parameter_server`` with the lab's CNN (at most 3 workers).
+    """
+    from .. import sim
+
+    def predicted(workers, slow, mode, cluster, steps):
+        c = cluster_for(cluster, workers + 1, here)
+        costs = measured if cluster == HERE else None
+        return sim.parameter_server(net, c, per_worker * workers, workers=workers, mode=mode,
+                                    slow={workers: slow} if slow > 1 else None, steps=steps,
+                                    costs=costs)
+
+    def rate(tl):
+        pushes = [s for s in tl.spans if s.rank == 0 and s.kind == "comm"
+                  and s.name == "receive gradients"]
+        return len(pushes) / (max(s.end for s in pushes) - tl.start)
+
+    def predict(workers, slow, mode, cluster):
+        tl = predicted(workers, slow, mode, cluster, 12)
+        other = predicted(workers, slow, "async" if mode == "sync" else "sync", cluster, 12)
+        sync, async_ = (tl, other) if mode == "sync" else (other, tl)
+        return tl, (f"PREDICTED: {rate(tl):,.0f} gradients per second {mode}hronously; "
+                    f"asynchronous / synchronous throughput {rate(async_) / rate(sync):.2f}x"), \
+            f"{mode}, {workers} workers, the last {slow}x slower, {cluster_for(cluster, workers + 1, here).name}"
+
+    def measure(workers, slow, mode, cluster):
+        from ..launcher import launch
+        from ..torch import parameter_server as ps
+        refuse_unless_here(cluster, workers + 1)
+        run = launch(ps.train_parameter_server, workers + 1, kwargs=dict(
+            mode=mode, model="cnn", global_batch=per_worker * workers, steps=30, lr=0.2,
+            slow={workers: slow} if slow > 1 else None))
+        tl = run.timeline
+        mid = tl.start + tl.duration / 2
+        pred = predicted(workers, slow, mode, cluster, 20)
+        width = min(0.05, pred.duration / 2)
+        pmid = pred.start + pred.duration / 2
+        return tl.window(mid, mid + width), pred.window(pmid, pmid + width)
+
+    controls = {"workers": slider("workers", range(2, 9), 2),
+                "slow": slider("last worker slower by", [1, 1.5, 2, 3, 4, 6], 3),
+                "mode": choice("server", ["sync", "async"]),
+                "cluster": choice("cluster", cluster_choices(here))}
+    return explorer(predict, controls, measure=measure)

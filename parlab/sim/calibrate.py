@@ -1,0 +1,128 @@
+"""Fitting the cost model to what was measured here: links, compute rates, layer costs.
+
+The measurements come from timelines (lab 00's transfers, lab 01's steps, lab 04's
+pipelines); the fits are least squares (``numpy.polyfit``) of time against size.
+"""
+from __future__ import annotations
+
+
+# The cost model needs a few numbers about this machine. Each lab takes them from a
+# measurement it has already made, and never from the number it then compares against.
+def link_from_transfers(timeline, *, ranks=None, names=None, all_reduce_over: int = 0):
+    """The link (``sim.Link``) fitted to the measured transfers of a timeline.
+
+    Every transfer span (kind "comm", the part after any wait) is one point (bytes,
+    seconds); ``metrics.fit_link`` draws t = A + S / B through them. Point to point,
+    that is alpha and beta. For all-reduces over ``all_reduce_over`` = n ranks the ring
+    model says t = 2(n-1) alpha + 2(n-1)/n S / beta, so alpha and beta
+    are taken back out of A and B. With a single message size, the link is that size
+    over its median time (no latency of its own).
+    """
+    from ..metrics import fit_link
+    from ..trace import COMM
+    pts = [(s.bytes, s.duration) for s in timeline.spans
+           if s.kind == COMM and s.bytes > 0 and (ranks is None or s.rank in ranks)
+           and (names is None or s.name in names)]
+    if not pts:
+        raise ValueError("the timeline has no transfers to fit a link to")
+    if len({b for b, _ in pts}) < 2:      # one size: its bytes over its median time
+        import statistics
+
+        from ..metrics import LinkFit
+        size = pts[0][0]
+        fit = LinkFit(0.0, size / statistics.median(t for _, t in pts))
+    else:
+        fit = fit_link([b for b, _ in pts], [t for _, t in pts])
+    return _link_from_fit(fit, all_reduce_over, collective=all_reduce_over > 1)
+
+
+def link_from_records(records, op: str = "all_reduce", world_size: int = 2):
+    """The link fitted to sweep records ({op, world_size, bytes, seconds}: lab 00's
+    ``bandwidth.sweep``, lab 05's ``ring_bandwidth``), taken back out of the ring model
+    for all-reduces (see ``link_from_transfers``)."""
+    from ..metrics import fit_link
+    rs = [r for r in records if r.get("op", op) == op and r["world_size"] == world_size
+          and r.get("impl", "library") == "library"]
+    fit = fit_link([r["bytes"] for r in rs], [r["seconds"] for r in rs])
+    return _link_from_fit(fit, world_size, collective=op == "all_reduce")
+
+
+def _link_from_fit(fit, n: int, collective: bool):
+    from .. import sim
+    if not collective:
+        return sim.Link(fit.latency_s, fit.bandwidth_Bps)
+    return sim.Link(fit.latency_s / (2 * (n - 1)), fit.bandwidth_Bps * 2 * (n - 1) / n)
+
+
+def this_machine(link, *, flops: float, layer_overhead_s: float = 0.0, devices: int = 4,
+                 name: str = "this machine (calibrated in this lab)"):
+    """A ``sim.Cluster`` for this machine from what a lab measured: one link for every
+    pair (loopback), a sustained rate for compute and a fixed cost per layer pass.
+
+    Every device gets a processor of its own (``cores`` left at 0), on purpose: the labs
+    set this prediction beside a measurement of simulated devices that share a few
+    cores, and the difference between the two is what they discuss. (``sim`` can share
+    cores: ``dataclasses.replace(cluster, cores=2)``.)"""
+    from .. import sim
+    return sim.Cluster(name, devices, 8e9, flops=flops, layer_overhead_s=layer_overhead_s,
+                       devices_per_node=devices, intra=link, inter=link)
+
+
+def compute_rate(net, measured) -> float:
+    """The sustained FLOP/s a ``sim.Measured`` implies: the network's forward and
+    backward arithmetic (3 x the forward's) for its batch, over their seconds."""
+    seconds = sum(measured.forward) + sum(measured.backward) - 2 * len(net) * measured.fixed_s
+    return 3 * sum(layer.flops for layer in net.layers) * measured.batch / max(seconds, 1e-12)
+
+
+def fit_compute(flops, seconds, layers: int) -> tuple[float, float]:
+    """(FLOP/s, fixed seconds per layer pass) from steps of ``flops`` arithmetic that took
+    ``seconds``: a straight line, slope 1/rate, intercept the fixed cost of 2 x layers
+    passes (forward and backward of every layer)."""
+    from ..metrics import fit_line
+    slope, intercept = fit_line(flops, seconds)
+    return 1 / max(slope, 1e-30), max(intercept, 0.0) / (2 * layers)
+
+
+def costs_from_phases(net, batch: int, forward_s: float, backward_s: float, update_s: float):
+    """``sim.Measured`` costs from a step's measured phases (seconds for ``batch``
+    samples), shared among the network's layers in proportion to their FLOPs."""
+    from .. import sim
+    flops = [max(layer.flops, 1.0) for layer in net.layers]
+    share = [f / sum(flops) for f in flops]
+    return sim.Measured(tuple(forward_s * x for x in share), tuple(backward_s * x for x in share),
+                        update_s, batch, net.params, source=f"measured at batch {batch}")
+
+
+def costs_from_pipeline(net, timelines: dict, batch: int, stages: int):
+    """``sim.Measured`` per-layer costs from measured pipeline runs (lab 04).
+
+    timelines: {micro-batches m: Timeline} of runs of ``net`` over ``stages`` stages, two
+    m or more. A micro-batch of batch / m samples takes F (and B) on a stage: the
+    medians of the F<i> (B<i>) spans of every stage, shared equally by the stage's layers
+    (the course's pipeline MLP has layers of equal width). A straight line through them
+    against the micro-batch size gives each layer's fixed cost and its cost per sample.
+    The update: the median "update" span, on each stage's share of the parameters.
+    """
+    import statistics
+
+    import numpy as np
+
+    from .. import sim
+    per_stage = len(net) / stages
+    sizes, fwd, bwd = [], [], []
+    for m, tl in sorted(timelines.items()):
+        f = [s.duration for s in tl.spans if s.name[:1] == "F" and s.name[1:].isdigit()]
+        b = [s.duration for s in tl.spans if s.name[:1] == "B" and s.name[1:].isdigit()]
+        sizes.append(batch / m)
+        fwd.append(statistics.median(f) / per_stage)
+        bwd.append(statistics.median(b) / per_stage)
+    (sf, af), (sb, ab) = np.polyfit(sizes, fwd, 1), np.polyfit(sizes, bwd, 1)
+    fixed = max((af + ab) / 2, 0.0)
+    ref = max(sizes)
+    update = statistics.median(s.duration for tl in timelines.values() for s in tl.spans
+                               if s.name == "update") * stages
+    n = len(net)
+    return sim.Measured(tuple([fixed + max(sf, 0) * ref] * n), tuple([fixed + max(sb, 0) * ref] * n),
+                        update, int(ref), net.params, fixed,
+                        source=f"measured with {', '.join(map(str, sorted(timelines)))} micro-batches")

@@ -1,0 +1,38 @@
+"""The kinds of time and the measured interval (Span) every timeline is made of."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+COMPUTE = "compute"
+
+
+COMM = "comm"
+
+
+WAIT = "wait"
+
+
+IDLE = "idle"  # derived: never recorded, only computed from the gaps between spans
+
+
+KINDS = (COMPUTE, COMM, WAIT)
+
+
+@dataclass(frozen=True)
+class Span:
+    """One measured interval on one rank. Times are seconds on the merged clock."""
+
+    rank: int
+    kind: str
+    name: str
+    start: float
+    end: float
+    bytes: int = 0
+    peer: int | None = None
+    axis: str | None = None     # the mesh axis (group) a communication ran on, if any
+    key: tuple | None = None    # (role, match) of a traced operation, until split (see split_waits)
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start

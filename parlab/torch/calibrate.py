@@ -1,0 +1,141 @@
+"""The rank code that measures this machine for the cost model (course/calibrate.py
+launches it): message times, how late a woken rank resumes, and a step's phases."""
+from __future__ import annotations
+
+
+def network_of(model, sample_shape, *, name: str | None = None):
+    """The cost model's view (``sim.Network``) of a PyTorch ``nn.Sequential``: one layer
+    per Linear or Conv2d, with its parameters, forward FLOPs per sample (2 per
+    multiply-add: 2 c_in k^2 c_out per output pixel of a convolution, 2 a b for a
+    Linear a -> b) and the elements of its output, found by running one sample through.
+    The element-wise layers between them (ReLU, pooling) only add their bytes.
+    """
+    import torch
+    from torch import nn
+
+    from .. import sim
+    layers, counts = [], {}
+    x = torch.zeros(1, *sample_shape)
+    with torch.no_grad():
+        for module in model:
+            y = module(x)
+            kind = type(module).__name__
+            if isinstance(module, (nn.Linear, nn.Conv2d)):
+                params = sum(p.numel() for p in module.parameters())
+                if isinstance(module, nn.Linear):
+                    flops = 2.0 * module.in_features * module.out_features
+                else:
+                    k = module.kernel_size[0] * module.kernel_size[1]
+                    flops = 2.0 * module.in_channels // module.groups * k * y[0].numel()
+                counts[kind] = counts.get(kind, 0) + 1
+                layers.append(sim.Layer(f"{kind.lower()}{counts[kind] - 1}", params, flops,
+                                        out_elems=y[0].numel(),
+                                        saved_elems=x[0].numel() + y[0].numel()))
+            elif layers:        # element-wise work after a layer: read and write it
+                last = layers[-1]
+                layers[-1] = sim.Layer(last.name, last.params, last.flops, y[0].numel(),
+                                       last.saved_elems + y[0].numel(),
+                                       last.elementwise_bytes + 4.0 * (x[0].numel() + y[0].numel()))
+            x = y
+    return sim.Network(name or type(model).__name__, tuple(layers),
+                       float(torch.zeros(sample_shape).numel()))
+
+
+def calibration_ranks(rank: int, world_size: int, sizes, batches, steps: int,
+                       messages) -> dict:
+    """Rank function: lab 00's link sweep on two ranks, then lab 01's traced step on rank 0.
+
+    The sweep (``bandwidth.sweep``: half a ping-pong, and two-rank all-reduces) comes
+    first, then how late a receiver that blocked for 20 ms resumes. Then rank 0 trains
+    the MLP for ``steps`` steps at each batch size ("forward", "backward", "update"
+    spans), twice: back to back, as lab 01 runs, and with a small message to and from
+    rank 1 before every phase, as a rank of a distributed step runs
+    (``calibration_steps``).
+    """
+    from . import bandwidth, comm
+    links = bandwidth.sweep(rank, world_size, sizes=messages, ops=("send_recv", "all_reduce"))
+    wake = wake_times(rank, repeats=40)
+    comm.barrier(name="calibration")
+    calibration_steps(rank, sizes, batches, steps, between_messages=False)
+    comm.barrier(name="calibration")
+    calibration_steps(rank, sizes, batches, steps, between_messages=True)
+    comm.barrier(name="calibration")
+    return {"links": links, "wake": wake}
+
+
+def calibration_steps(rank: int, sizes, batches, steps: int, between_messages: bool) -> None:
+    """Rank 0 trains the MLP (lr 0), each phase traced; rank 1 only answers messages.
+
+    between_messages: before each phase rank 0 sends rank 1 a small message and blocks
+    until it answers. A rank that has just blocked computes slower than one running
+    back to back: measured here, 1.3-1.7x for this MLP at batch 64 (its caches went
+    cold while it slept, and on a virtual machine its processor was halted); every rank
+    of a distributed step blocks between its phases, so its compute is timed this way.
+    """
+    import torch
+    from torch import nn
+
+    from . import comm, training
+    from ..trace import span
+    if rank != 0 and not between_messages:
+        return                              # nothing to answer
+    buf = torch.zeros(2)
+
+    def message() -> None:
+        if not between_messages:
+            return
+        if rank == 0:
+            comm.send(buf, 1, name="calibration")
+            comm.recv(buf, 1, name="calibration")
+        else:
+            comm.recv(buf, 0, name="calibration")
+            comm.send(buf, 0, name="calibration")
+
+    model = training.build_model("mlp", sizes=sizes, seed=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    loss_fn = nn.CrossEntropyLoss()
+    for b in batches:
+        x, y = torch.randn(b, sizes[0]), torch.randint(0, sizes[-1], (b,))
+        for _ in range(steps):
+            message()
+            if rank != 0:
+                message()
+                message()
+                continue
+            with span("forward"):
+                opt.zero_grad()
+                loss = loss_fn(model(x), y)
+            message()
+            with span("backward"):
+                loss.backward()
+            message()
+            with span("update"):
+                opt.step()
+
+
+def wake_times(rank: int, repeats: int, sleep_s: float = 0.02) -> list[float]:
+    """Rank 0: when it sent a small message; rank 1: when its blocked receive returned.
+
+    Rank 1 posts its receive at once and sleeps in it while rank 0 sleeps ``sleep_s``
+    first: their difference, less the message's own time, is how late a rank that
+    blocked resumes (one host: one monotonic clock, ``time.perf_counter``).
+    """
+    import time
+
+    import torch
+
+    from . import comm
+    buf, out = torch.zeros(2), []
+    for _ in range(repeats):
+        comm.barrier(name="calibration")
+        if rank == 0:
+            time.sleep(sleep_s)
+            out.append(time.perf_counter())
+            comm.send(buf, 1)
+        elif rank == 1:
+            comm.recv(buf, 0)
+            out.append(time.perf_counter())
+    return out
+
+
+CALIBRATION_MESSAGES = (4096, 65536, 1 << 18, 1 << 20, 4 << 20)
