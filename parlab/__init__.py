@@ -3,6 +3,19 @@
 ``import parlab`` is cheap: it imports neither torch nor tensorflow. Each name below is
 loaded the first time it is used, so a PyTorch lab never pays for TensorFlow and the
 reverse.
+
+Where things live, from the ground up (nothing imports a floor above its own):
+
+* framework-free core: ``trace`` (``spans``, ``recorders``, ``timeline``), ``steps``
+  (reading steps out of a timeline), ``metrics``, ``schedules``, ``splitting``, ``grid``
+  (mesh arithmetic, ``HybridShape``), ``data``, ``zero_memory``, ``processes``, ``plot/``,
+  ``sim/`` (the cost model);
+* ``torch/`` and ``tf/``: the runtime, traced communication and one module per strategy;
+* the launcher: ``launcher`` (``parlab.launch``) with ``launch_settings``,
+  ``launch_folder``, ``starting``, ``_worker``, ``rank_exits``, ``rank_stacks``;
+* ``course/``: one module per lab (``labNN`` beside ``labs/NN_*.ipynb``) and what the labs
+  share; ``bench/``: the benchmarks. ``experiments``, ``exercises`` and ``widgets`` keep
+  the names earlier notebooks used.
 """
 from __future__ import annotations
 

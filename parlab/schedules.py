@@ -1,4 +1,5 @@
 """Micro-batch pipeline schedules: build, check, and predict them. No framework needed.
+The ranks' side, running them: ``parlab.torch.pipeline`` and ``parlab.tf.pipeline`` (lab 04).
 
 A schedule gives each stage its list of operations in order: ``("F", i)`` runs the
 forward pass of micro-batch i, ``("B", i)`` its backward pass. Stage s can run F(i) only

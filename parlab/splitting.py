@@ -1,4 +1,5 @@
 """Choosing where to cut a model into stages: framework-free (no torch, no tensorflow).
+The ranks' side of the same cuts: ``parlab.torch.split`` and ``parlab.tf.split`` (lab 02).
 
 A split of L layers over n devices is a list of n-1 rising split points; stage k holds
 layers ``bounds[k-1]:bounds[k]``.

@@ -1,4 +1,5 @@
 """Memory per device and bytes per step of sharded data parallel (ZeRO), as formulas.
+The ranks' side, measuring them on real tensors: ``parlab.torch.zero`` (lab 08).
 
 Framework-free: plain Python, so a cost model (``parlab.sim``), a widget and a test can
 all use it. The formulas are those of the ZeRO paper (Rajbhandari et al., 2020, "ZeRO:

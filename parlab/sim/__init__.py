@@ -3,9 +3,11 @@
 Everything here is predicted from a handful of numbers about a model and a cluster, and
 labelled so wherever it is shown. Framework-free: no torch, no tensorflow. Modules:
 ``costs`` (layers and their seconds), ``engine`` (ranks' programs run on paper),
-``timelines`` (one function per strategy; ``servers``: lab 06's; ``strategies``: by
-name), ``memory``, ``clusters`` (presets with
-their sources), ``published`` (checks against papers), ``model`` (the summary model).
+``program`` (what the strategy functions share: the mesh, a stage's passes, schedules,
+every rank's step program), ``timelines`` (one function per strategy; ``servers``: lab
+06's; ``strategies``: by name), ``memory``, ``clusters`` (presets with their sources),
+``published`` (checks against papers), ``model`` (the summary model), ``calibrate``
+(fits to what a lab measured), ``checks`` (every input checked where it enters).
 
 Inputs
     ``Network``     a model as layers: ``Network.mlp(sizes, optimizer="sgd")``,
@@ -16,7 +18,8 @@ Inputs
                     ``t4_pcie()``, ``a100_nvlink()``, ``h100_nvlink()``,
                     ``h100_infiniband(nodes)``, ``v100_dgx2h()``, ``gpu_presets()``; this
                     machine: ``parlab.course.calibrate.measure_this_machine()`` (one launch:
-                    lab 00's link sweep and lab 01's step) or ``this_machine(calibration)``
+                    lab 00's link sweep and lab 01's step), ``calibrate.this_machine(link,
+                    flops=...)`` (what a lab measured) or ``calibrated(calibration, sizes)``
     costs           a layer pass's seconds: ``Roofline(net, cluster)`` (the default:
                     max(flops / rate, bytes / bandwidth) + a fixed cost) or ``Measured``
                     (``Measured.from_timeline({batch: single-device timeline}, net)``);
@@ -62,8 +65,7 @@ The summary model of lab 07 stays: ``Workload``, ``Plan``, ``predict`` -> ``Pred
 forms ``send_s``, ``all_reduce_s``, ``bubble``.
 """
 from . import calibrate, clusters, published
-from .clusters import (a100_nvlink, gpu_presets, h100_infiniband, h100_nvlink, t4_pcie,
-                       this_machine, v100_dgx2h)
+from .clusters import a100_nvlink, gpu_presets, h100_infiniband, h100_nvlink, t4_pcie, v100_dgx2h
 from .costs import Layer, Measured, Network, Roofline
 from .engine import Deadlock, PredictedTimeline
 from .memory import DoesNotFit, Memory, memory, memory_per_device, parameter_server_memory
@@ -78,10 +80,10 @@ from .timelines import (all_gather_s, data_parallel, hybrid, manual_split, pipel
 __all__ = [
     "AXES", "Cluster", "Deadlock", "DoesNotFit", "Layer", "Link", "Measured", "Memory",
     "Network", "Plan", "PredictedTimeline", "Prediction", "Roofline", "STRATEGIES", "Workload",
-    "a100_nvlink", "all_gather_s", "all_reduce_s", "bubble", "calibrated", "clusters",
+    "a100_nvlink", "all_gather_s", "all_reduce_s", "bubble", "calibrate", "calibrated", "clusters",
     "data_parallel", "gpu_presets", "h100_infiniband", "h100_nodes", "h100_nvlink", "hybrid",
     "manual_split", "measured_link", "memory", "memory_per_device", "parameter_server",
     "parameter_server_memory", "pipeline", "plans", "predict", "presets", "published", "send_s",
-    "single_device", "t4_pcie", "tensor_parallel", "this_machine", "timeline", "v100_dgx2h",
+    "single_device", "t4_pcie", "tensor_parallel", "timeline", "v100_dgx2h",
     "with_links",
 ]

@@ -11,13 +11,14 @@ each preset derates them, and says so: these are sustained figures, not peak.
   bandwidth reaches on NVLink (e.g. ~230 of 300 GB/s on a DGX A100); latencies are
   assumptions of the order nccl-tests reports for small messages, not measurements.
 
-This machine is measured, never assumed: ``this_machine(calibration)`` takes what
-``parlab.torch.hybrid.calibrate`` (or lab 00's bandwidth sweep) measured.
+This machine is measured, never assumed: ``calibrate.this_machine(link, flops=...)``
+takes what a lab measured, ``calibrated(calibration, sizes)`` what
+``parlab.torch.hybrid.calibrate`` measured.
 """
 from __future__ import annotations
 
 from .checks import count
-from .model import Cluster, Link, calibrated
+from .model import Cluster, Link
 
 SUSTAINED_COMPUTE = 0.40
 SUSTAINED_MEMORY = 0.80
@@ -97,14 +98,6 @@ def v100_dgx2h(devices: int = 16) -> Cluster:
     devices = count("v100_dgx2h", "devices", devices)
     return _gpu(f"{devices} × V100 (DGX-2H, NVSwitch)", devices, 16, 32, 125e12, 900e9,
                 150e9, 5e-6, 12.5e9, 10e-6)
-
-
-def this_machine(calibration: dict, sizes=(64, 256, 256, 128, 10), *, devices: int = 4,
-                 memory_bytes: float = 8e9) -> Cluster:
-    """This machine, from costs measured here (``parlab.torch.hybrid.calibrate``'s dict:
-    compute at two batch sizes, sends and pair all-reduces). See ``calibrated``."""
-    return calibrated(calibration, sizes, name="this machine (measured)", devices=devices,
-                      memory_bytes=memory_bytes)
 
 
 def gpu_presets() -> dict[str, Cluster]:

@@ -23,7 +23,6 @@ norms, dropout, residual adds that Megatron-LM repeats on every rank) do not.
 """
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 
 from ..errors import counted
@@ -250,15 +249,13 @@ class Measured:
 
 
 def _median_phases(timeline, rank, skip: int) -> dict:
+    from ..steps import median_phase
     rank = timeline.ranks[0] if rank is None else rank
-    out = {}
-    for phase in ("forward", "backward", "update"):
-        times = [s.duration for s in timeline.spans if s.rank == rank and s.name == phase]
-        if not times:
-            raise ValueError(f"the timeline has no {phase!r} span on rank {rank}: give a "
-                             "single-device step timeline (lab 01's step_timeline)")
-        out[phase] = statistics.median(times[skip:] or times)
-    return out
+    try:
+        return {p: median_phase(timeline, p, rank, skip) for p in ("forward", "backward", "update")}
+    except ValueError as exc:
+        raise ValueError(f"{exc}: give a single-device step timeline (lab 01's "
+                         "step_timeline)") from None
 
 
 def _layer_weights(net: Network, cluster, batch: int) -> list[float]:

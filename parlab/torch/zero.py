@@ -259,6 +259,106 @@ def _local(t):
     return t.to_local() if hasattr(t, "to_local") else t
 
 
+class _Replicated:
+    """Plain data parallel by hand ("ddp"): every rank keeps everything, and averages
+    the gradients after the backward pass (lab 05's ``average_gradients``)."""
+
+    def __init__(self, net, g, lr: float):
+        self.net, self.g = net, g
+        self.opt = torch.optim.Adam(net.parameters(), lr=lr)
+
+    def after_backward(self) -> None:
+        data_parallel.average_gradients(self.net, self.g)
+
+    def update(self) -> None:
+        with span("update"):
+            self.opt.step()
+        self.opt.zero_grad(set_to_none=False)     # keep the gradient buffers, as DDP does
+
+    def kept(self) -> tuple[dict, dict]:
+        """(bytes this rank keeps after a step, by kind; the whole parameters)."""
+        net = self.net
+        return ({"parameters": training.tensor_bytes(net.parameters()),
+                 "gradients": training.tensor_bytes(p.grad for p in net.parameters()),
+                 "optimizer state": training.optimizer_state_bytes(self.opt)},
+                training.state_numpy(net))
+
+
+class _FlatSharded(_Replicated):
+    """ZeRO stage 1 ("zero1"), 2 ("zero2") and 2 with the shard's state in host memory
+    ("zero2_offload"): each rank updates its flat shard (``FlatShards``)."""
+
+    def __init__(self, net, g, lr: float, stage: int, offload: bool = False):
+        self.net, self.g, self.stage = net, g, stage
+        self.shards = FlatShards(net, g, lr, host=offload)
+        if stage == 2:                            # reduce each layer as it is done
+            self.shards.reduce_during_backward()
+
+    def after_backward(self) -> None:
+        if self.stage == 1:
+            for u in range(len(self.shards.units)):
+                self.shards.reduce_scatter(u, free=False)
+            for p in self.net.parameters():       # stage 1 keeps the full gradient buffers
+                p.grad.zero_()
+
+    def update(self) -> None:
+        self.shards.step()
+
+    def kept(self) -> tuple[dict, dict]:
+        return self.shards.held(self.net), training.state_numpy(self.net)
+
+
+class _LayerSharded(_Replicated):
+    """ZeRO stage 3 ("zero3"): parameters sharded too, each layer gathered when used."""
+
+    def __init__(self, net, g, lr: float):
+        super().__init__(shard_model(net, g), g, lr)
+
+    def after_backward(self) -> None:
+        pass                                      # the layers reduce-scatter as they go
+
+    def kept(self) -> tuple[dict, dict]:
+        net, state = self.net, {}
+        for i, m in enumerate(net):
+            if isinstance(m, ShardedLinear):
+                state.update(m.whole(str(i)))
+        return ({"parameters": training.tensor_bytes(net.parameters()),
+                 "gradients": training.tensor_bytes(p.grad for p in net.parameters()),
+                 "optimizer state": training.optimizer_state_bytes(self.opt),
+                 "one gathered layer": max(m.gathered_bytes for m in net
+                                           if isinstance(m, ShardedLinear))}, state)
+
+
+class _Fsdp2(_Replicated):
+    """PyTorch's FSDP2 (``fully_shard``), the library's stage 3."""
+
+    def __init__(self, net, g, lr: float):
+        super().__init__(_fsdp2(net, g), g, lr)
+
+    def after_backward(self) -> None:
+        pass                                      # the library reduce-scatters itself
+
+    def kept(self) -> tuple[dict, dict]:
+        net, opt = self.net, self.opt
+        return ({"parameters": training.tensor_bytes(_local(p) for p in net.parameters()),
+                 "gradients": training.tensor_bytes(_local(p.grad) for p in net.parameters()
+                                                    if p.grad is not None),
+                 "optimizer state": training.tensor_bytes(
+                     _local(v) for s in opt.state.values() for v in s.values()
+                     if isinstance(v, torch.Tensor) and v.numel() > 1)},
+                {n: training.to_numpy(p.full_tensor()) for n, p in net.named_parameters()})
+
+
+def _variant(name: str, net, g, lr: float) -> _Replicated:
+    """The object that trains ``net`` as variant ``name`` does."""
+    if name == "ddp":
+        return _Replicated(net, g, lr)
+    if name in ("zero1", "zero2", "zero2_offload"):
+        return _FlatSharded(net, g, lr, stage=1 if name == "zero1" else 2,
+                            offload=name == "zero2_offload")
+    return (_LayerSharded if name == "zero3" else _Fsdp2)(net, g, lr)
+
+
 def train_zero(rank: int, world_size: int, variants=VARIANTS, sizes=SIZES,
                global_batch: int = 64, steps: int = 5, lr: float = 1e-3, seed: int = 0,
                *, group=None) -> dict:
@@ -269,89 +369,42 @@ def train_zero(rank: int, world_size: int, variants=VARIANTS, sizes=SIZES,
     each global batch. A zero-length span "<variant> begins" marks where each starts on
     the timeline (``variant_windows``). Returns, per variant: the whole parameters after
     ``steps`` steps, the losses, and ``held``: the bytes of the parameters, gradients and
-    optimizer state this rank keeps after a step, measured on those tensors.
+    optimizer state this rank keeps after a step, measured on those tensors; and
+    ``seconds``: each variant's wall time on this rank.
     """
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise ValueError(f"variants must be among {VARIANTS}, got {unknown}")
     g, device = as_group(group), runtime.rank_device()
     rows = g.rows(global_batch, "global batch")
-    out = {}
-    for variant in variants:
+    out = {"seconds": {}}
+    for name in variants:
         comm.barrier(group=g, name="between variants")
-        now = time.perf_counter()
-        out.setdefault("seconds", {})[variant] = now
-        recorder().add(f"{variant} begins", COMPUTE, now, now)
+        started = time.perf_counter()
+        recorder().add(f"{name} begins", COMPUTE, started, started)
         # FSDP2 talks to the backend itself, past the traced layer's host staging: on ranks
         # sharing a GPU it runs on the CPU (see runtime.library_device)
-        here = runtime.library_device() if variant == "fsdp2" else device
+        here = runtime.library_device() if name == "fsdp2" else device
         net = training.build_model("mlp", sizes=sizes, seed=seed).to(here)
         params = sum(p.numel() for p in net.parameters())
-        shards, opt = None, None
-        if variant in ("zero1", "zero2", "zero2_offload"):
-            shards = FlatShards(net, g, lr, host=variant == "zero2_offload")
-            if variant != "zero1":                  # stage 2: reduce each layer as it is done
-                shards.reduce_during_backward()
-        elif variant == "zero3":
-            net = shard_model(net, g)
-            opt = torch.optim.Adam(net.parameters(), lr=lr)
-        elif variant == "fsdp2":
-            net = _fsdp2(net, g)
-            opt = torch.optim.Adam(net.parameters(), lr=lr)
-        else:
-            opt = torch.optim.Adam(net.parameters(), lr=lr)
+        variant = _variant(name, net, g, lr)
+        del net                                   # zero3 and fsdp2 keep only their shards
         batches = training.digit_batches("mlp", global_batch)
         losses = []
         for _ in range(steps):
             x, y = training.on_device(*next(batches), here, rows)
             with span("forward"):
-                loss = nn.functional.cross_entropy(net(x), y)
+                loss = nn.functional.cross_entropy(variant.net(x), y)
             with span("backward"):
                 loss.backward()
-            if variant == "ddp":
-                data_parallel.average_gradients(net, g)
-            elif variant == "zero1":
-                for u in range(len(shards.units)):
-                    shards.reduce_scatter(u, free=False)
-                for p in net.parameters():          # stage 1 keeps the full gradient buffers
-                    p.grad.zero_()
-            if shards is not None:
-                shards.step()
-            else:
-                with span("update"):
-                    opt.step()
-                opt.zero_grad(set_to_none=False)     # keep the gradient buffers, as DDP does
+            variant.after_backward()
+            variant.update()
             losses.append(loss.item())
         runtime.synchronize()
-        if shards is not None:
-            held = shards.held(net)
-            state = training.state_numpy(net)
-        elif variant == "zero3":
-            held = {"parameters": training.tensor_bytes(net.parameters()),
-                    "gradients": training.tensor_bytes(p.grad for p in net.parameters()),
-                    "optimizer state": training.optimizer_state_bytes(opt),
-                    "one gathered layer": max(m.gathered_bytes for m in net
-                                              if isinstance(m, ShardedLinear))}
-            state = {}
-            for i, m in enumerate(net):
-                if isinstance(m, ShardedLinear):
-                    state.update(m.whole(str(i)))
-        elif variant == "fsdp2":
-            held = {"parameters": training.tensor_bytes(_local(p) for p in net.parameters()),
-                    "gradients": training.tensor_bytes(_local(p.grad) for p in net.parameters()
-                                                       if p.grad is not None),
-                    "optimizer state": training.tensor_bytes(
-                        _local(v) for s in opt.state.values() for v in s.values()
-                        if isinstance(v, torch.Tensor) and v.numel() > 1)}
-            state = {n: training.to_numpy(p.full_tensor()) for n, p in net.named_parameters()}
-        else:
-            held = {"parameters": training.tensor_bytes(net.parameters()),
-                    "gradients": training.tensor_bytes(p.grad for p in net.parameters()),
-                    "optimizer state": training.optimizer_state_bytes(opt)}
-            state = training.state_numpy(net)
-        out[variant] = {"state": state, "losses": losses, "held": held, "params": params}
-        out["seconds"][variant] = time.perf_counter() - out["seconds"][variant]
-        del net, opt, shards, loss
+        held, state = variant.kept()
+        out[name] = {"state": state, "losses": losses, "held": held, "params": params}
+        out["seconds"][name] = time.perf_counter() - started
+        del variant, loss
         gc.collect()
     comm.barrier(group=g, name="between variants")
     return out
