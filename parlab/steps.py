@@ -50,15 +50,26 @@ def median_phase(timeline, name: str, rank: int, skip: int = 1) -> float:
     return statistics.median(times[skip:] or times)
 
 
-def shares_by_kind(timeline, windows, lanes=None) -> dict[int, dict[str, float]]:
-    """Per lane: share of compute, transfer (comm), wait and idle over the given windows."""
+def shares_by_kind(timeline, windows, lanes=None, *,
+                   each_window_equal: bool = False) -> dict[int, dict[str, float]]:
+    """Per lane: share of compute, transfer (comm), wait and idle over the given windows.
+
+    By default the windows' seconds are added up, so a long window counts for more; with
+    ``each_window_equal`` each window's shares are averaged, so one step stretched by the
+    machine does not dominate (lab 04's pipelines).
+    """
     lanes = timeline.ranks if lanes is None else lanes
-    totals = {r: {"compute": 0.0, "comm": 0.0, "wait": 0.0, "idle": 0.0} for r in lanes}
+    kinds = ("compute", "comm", "wait", "idle")
+    totals = {r: dict.fromkeys(kinds, 0.0) for r in lanes}
     for a, b in windows:
         win = timeline.window(a, b)
         for r in lanes:
-            for kind, secs in win.seconds_by_kind(r).items():
-                totals[r][kind] += secs
+            secs = win.seconds_by_kind(r)
+            for k in kinds:
+                totals[r][k] += (secs[k] / ((b - a) or 1.0) / len(windows) if each_window_equal
+                                 else secs[k])
+    if each_window_equal:
+        return totals
     return {r: {k: v / (sum(t.values()) or 1.0) for k, v in t.items()} for r, t in totals.items()}
 
 

@@ -15,6 +15,7 @@ from torch import nn
 from .. import data as datasets
 from .. import schedules
 from ..splitting import SplitConfig, balance
+from ..steps import shares_by_kind
 from ..trace import span
 from . import comm, memory, runtime, split, training
 from .groups import as_group
@@ -174,15 +175,7 @@ def step_shares(timeline, stages: int, micro_batches: int, skip_steps: int = 1,
     """
     windows = step_windows(timeline, stages, micro_batches, ranks)[skip_steps:]
     ranks = list(range(stages)) if ranks is None else list(ranks)
-    kinds = ("compute", "comm", "wait", "idle")
-    totals = {r: dict.fromkeys(kinds, 0.0) for r in ranks}
-    for a, b in windows:
-        win = timeline.window(a, b)
-        for r in ranks:
-            secs = win.seconds_by_kind(r)
-            for k in kinds:
-                totals[r][k] += secs[k] / ((b - a) or 1.0) / len(windows)
-    return totals
+    return shares_by_kind(timeline, windows, ranks, each_window_equal=True)
 
 
 def step_windows(timeline, stages: int, micro_batches: int,
