@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 from .. import metrics
-from .exercise import Exercise, check, register  # noqa: F401 - the notebook calls check
+from .exercise import Exercise, check, register  # noqa: F401 (labNN.check)
 from .explorer import (HERE, bytes_text, choice, cluster_for, explorer, gpu_clusters,
                        refuse_unless_here, seconds_text, slider, time_unit)
 

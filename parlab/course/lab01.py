@@ -1,7 +1,7 @@
 """Lab 01 (labs/01_single_device.ipynb): its exercises (memory of a step and of training)."""
 from __future__ import annotations
 
-from .exercise import Exercise, check, register  # noqa: F401 - the notebook calls check
+from .exercise import Exercise, check, register  # noqa: F401 (labNN.check)
 
 
 def _mlp_activation_bytes(sizes, batch_size):

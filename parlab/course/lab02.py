@@ -1,7 +1,7 @@
 """Lab 02 (labs/02_manual_split.ipynb): its exercises (a split's balance, the bytes it sends)."""
 from __future__ import annotations
 
-from .exercise import Exercise, check, register  # noqa: F401 - the notebook calls check
+from .exercise import Exercise, check, register  # noqa: F401 (labNN.check)
 
 
 def check_split(bounds, costs, n_devices: int, names=None) -> float:

@@ -1,7 +1,7 @@
 """Lab 03 (labs/03_vertical_slicing.ipynb): what its notebook runs, its explorer, its exercises."""
 from __future__ import annotations
 
-from .exercise import Exercise, check, register, run_on_ranks  # noqa: F401 - the notebook calls check
+from .exercise import Exercise, check, register, run_on_ranks  # noqa: F401 (labNN.check)
 from .explorer import (HERE, WIDTHS, choice, cluster_choices, cluster_for, explorer,
                        refuse_unless_here, scaled_mlp, seconds_text, slider)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 from ..launcher import LaunchResult, launch
-from .exercise import Exercise, check, register  # noqa: F401 - the notebook calls check
+from .exercise import Exercise, check, register  # noqa: F401 (labNN.check)
 from .explorer import (HERE, choice, cluster_choices, cluster_for, explorer,
                        refuse_unless_here, seconds_text, slider)
 

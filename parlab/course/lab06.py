@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..launcher import launch
-from .exercise import Exercise, check, register, run_on_ranks  # noqa: F401 - the notebook calls check
+from .exercise import Exercise, check, register, run_on_ranks  # noqa: F401 (labNN.check)
 from .explorer import (HERE, choice, cluster_choices, cluster_for, explorer,
                        refuse_unless_here, slider)
 

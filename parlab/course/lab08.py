@@ -5,7 +5,7 @@ import math
 
 from ..launcher import LaunchResult, launch
 from ..splitting import share
-from .exercise import Exercise, check, register, run_on_ranks  # noqa: F401 - the notebook calls check
+from .exercise import Exercise, check, register, run_on_ranks  # noqa: F401 (labNN.check)
 
 
 def run_zero(*, devices=None, variants=None, sizes=None, global_batch: int = 64, steps: int = 5,
