@@ -171,6 +171,3 @@ class HybridShape:
     def micro_batches(self, wanted: int) -> int:
         """A pipeline splits each replica's batch into ``wanted``; one stage needs none."""
         return wanted if self.pp > 1 else 1
-
-    def label(self) -> str:
-        return f"dp{self.dp}×{self.axis}{self.model}"

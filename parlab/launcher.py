@@ -111,7 +111,7 @@ def launch(fn: Callable, world_size: int, args: Sequence = (), *,
         state = starting.LauncherState() if forked else None
         specs = [_worker.RankSpec(rank, world_size, payload, os.getpid(), seed, rank_env, pg,
                                   dump_paths[rank], state) for rank in range(world_size)]
-        _start_ranks(specs, procs, conns, guardian, starting.context(process_group))
+        _start_ranks(specs, procs, conns, guardian, starting.context(forked))
         results, spans = _Collector(procs, conns, dump_paths, started, timeout).run()
     finally:
         # A second Ctrl-C during the cleanup waits until it is done (then it is delivered).

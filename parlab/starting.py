@@ -36,9 +36,9 @@ def uses_fork_server(process_group: bool) -> bool:
             and "forkserver" in mp.get_all_start_methods())
 
 
-def context(process_group: bool):
-    """The multiprocessing context that starts ranks of this kind."""
-    if not uses_fork_server(process_group):
+def context(fork_server: bool):
+    """The multiprocessing context that starts ranks: the fork server's, or spawn's."""
+    if not fork_server:
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)  # read when the server starts (the first launch)
