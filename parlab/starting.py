@@ -3,10 +3,13 @@
 Importing torch costs a new interpreter about 1.3 s of CPU; four ranks on two cores wait
 about 2 s for it at every launch, longer than most of the labs' experiments. So on Linux,
 ranks that join a torch process group are forked from multiprocessing's fork server, a
-single-threaded process that imported torch once (the first launch pays for it) and lives
-as long as the launching process. Forking from it is safe where forking the launcher is
-not: a notebook kernel runs threads, and a fork taken while another thread holds a lock
-can hang (the reason multiprocessing's ``fork`` method is unsafe here). Other ranks
+process that imported torch once (the first launch pays for it), runs no code of its own
+between forks, and lives as long as the launching process. Forking from it is safe where
+forking the launcher is not: a notebook kernel runs threads that may hold a lock at the
+moment of the fork, and the child can hang on it (the reason multiprocessing's ``fork``
+method is unsafe here). The server's only other thread is an idle worker of the BLAS
+library numpy and torch load (OpenBLAS), which rebuilds its pool in a forked child
+(``pthread_atfork``). Other ranks
 (TensorFlow's, plain processes) and other systems use ``spawn``.
 
 A forked rank inherits the fork server's state, not the launcher's: its environment and
@@ -24,7 +27,7 @@ import sys
 
 START_ENV = "PARLAB_START"
 # What the fork server imports once. The ranks' own settings (threads, devices) are
-# applied after the fork: importing torch starts no thread and touches no GPU.
+# applied after the fork: importing torch touches no GPU, and no parallel work has run.
 PRELOAD = ["torch", "torch.distributed", "numpy", "cloudpickle"]
 
 
