@@ -7,9 +7,10 @@ reverse.
 Where things live, from the ground up (nothing imports a floor above its own):
 
 * framework-free core: ``trace`` (``spans``, ``recorders``, ``timeline``), ``steps``
-  (reading steps out of a timeline), ``metrics``, ``schedules``, ``splitting``, ``grid``
-  (mesh arithmetic, ``HybridShape``), ``data``, ``zero_memory``, ``processes``, ``plot/``,
-  ``sim/`` (the cost model);
+  (reading steps out of a timeline), ``metrics``, ``data``, ``processes``, ``plot/``,
+  ``sim/`` (the cost model), and the framework-free half of each strategy, named as its
+  ranks' half in ``torch/`` and ``tf/``: ``pipeline`` (schedules), ``split`` (where to
+  cut a model), ``mesh`` (mesh arithmetic, ``HybridShape``), ``zero`` (ZeRO's bytes);
 * ``torch/`` and ``tf/``: the runtime, traced communication and one module per strategy;
 * the launcher: ``launcher`` (``parlab.launch``) with ``launch_settings``,
   ``launch_folder``, ``starting``, ``_worker``, ``rank_exits``, ``rank_stacks``;
@@ -37,20 +38,24 @@ _LAZY = {
     "devices": ("parlab.hardware", "devices"),
     "exercises": ("parlab.exercises", None),
     "experiments": ("parlab.experiments", None),
-    "grid": ("parlab.grid", None),
+    "grid": ("parlab.mesh", None),          # the names of earlier notebooks
     "hardware": ("parlab.hardware", None),
     "launch": ("parlab.launcher", "launch"),
+    "mesh": ("parlab.mesh", None),
     "metrics": ("parlab.metrics", None),
+    "pipeline": ("parlab.pipeline", None),
     "plot": ("parlab.plot", None),
-    "schedules": ("parlab.schedules", None),
+    "schedules": ("parlab.pipeline", None),
     "sim": ("parlab.sim", None),
     "recording": ("parlab.trace", "recording"),
     "span": ("parlab.trace", "span"),
-    "splitting": ("parlab.splitting", None),
+    "split": ("parlab.split", None),
+    "splitting": ("parlab.split", None),
     "steps": ("parlab.steps", None),
     "system_report": ("parlab.system", "system_report"),
     "torch": ("parlab.torch", None),
     "widgets": ("parlab.widgets", None),
+    "zero": ("parlab.zero", None),
 }
 
 __all__ = sorted(_LAZY)

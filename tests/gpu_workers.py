@@ -139,7 +139,7 @@ def check_pairs_equal_references(pairs, tol):
     import numpy as np
     import workers
     from parlab.metrics import max_difference, merged
-    from parlab.splitting import SplitConfig
+    from parlab.split import SplitConfig
     from parlab.torch import data_parallel as dp
     from parlab.torch import parameter_server as ps
     from parlab.torch import pipeline as pl

@@ -93,7 +93,7 @@ def test_second_exercises_catch_the_usual_mistakes(capsys):
 
 
 def test_check_split_says_which_stage_to_lighten_but_never_the_answer(capsys):
-    from parlab.splitting import balance
+    from parlab.split import balance
     costs = [5.0, 1.0, 1.0, 1.0, 1.0, 1.0, 4.0, 2.0]
     best = balance(costs, 3)
     wrong = [1, 2] if best != [1, 2] else [6, 7]

@@ -8,7 +8,7 @@ from conftest import rank_processes
 
 import parlab
 from parlab.metrics import max_difference, merged
-from parlab.splitting import SplitConfig
+from parlab.split import SplitConfig
 from parlab.torch import data_parallel as dp
 from parlab.torch import parameter_server as ps
 from parlab.torch import pipeline as pl

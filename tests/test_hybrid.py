@@ -4,9 +4,9 @@ import pytest
 
 import parlab
 from parlab.course import lab07
-from parlab.grid import Grid
+from parlab.mesh import Grid
 from parlab.metrics import identical, max_difference, merged
-from parlab.splitting import SplitConfig
+from parlab.split import SplitConfig
 from parlab.torch import hybrid as hy
 from parlab.torch import single
 from parlab.torch import tensor_parallel as tp

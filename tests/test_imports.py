@@ -7,7 +7,7 @@ import parlab
 def test_import_parlab_imports_no_framework():
     code = ("import sys, parlab\n"
             "parlab.span, parlab.Timeline, parlab.plot, parlab.metrics, parlab.exercises\n"
-            "parlab.data.digits, parlab.splitting.balance\n"
+            "parlab.data.digits, parlab.split.balance\n"
             "print('torch' in sys.modules, 'tensorflow' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

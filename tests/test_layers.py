@@ -1,6 +1,6 @@
 """The package's layers: nothing reaches back up.
 
-framework-free core (trace, metrics, schedules, grid, ...) -> framework runtime and comm
+framework-free core (trace, metrics, pipeline, mesh, ...) -> framework runtime and comm
 -> strategies (parlab.torch.*, parlab.tf.*) -> launcher -> lab-facing helpers (exercises,
 course, bench). A strategy says what one rank does; it never starts ranks or checks
 exercises. Every import is checked, including those inside functions, and no two
@@ -14,8 +14,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "parlab"
 
-CORE = {"trace", "metrics", "schedules", "splitting", "grid", "data", "errors", "plot", "sim",
-        "processes", "zero_memory", "steps", "spans", "recorders", "timeline"}
+CORE = {"trace", "metrics", "pipeline", "split", "mesh", "data", "errors", "plot", "sim",
+        "processes", "zero", "steps", "spans", "recorders", "timeline"}
 MAX_LINES = 500
 ABOVE_STRATEGIES = {"parlab.launcher", "parlab._worker", "parlab.exercises",
                     "parlab.experiments", "parlab.widgets", "parlab.bench", "parlab.__main__",

@@ -10,7 +10,7 @@ from batched import launch_each
 from conftest import rank_processes
 
 import parlab
-from parlab.grid import Grid
+from parlab.mesh import Grid
 
 ROOT = Path(__file__).resolve().parents[1]
 

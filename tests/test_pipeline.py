@@ -7,11 +7,11 @@ from batched import launch_each
 from conftest import rank_processes
 
 import parlab
-from parlab import schedules
+from parlab import pipeline as schedules
 from parlab.course import lab04
 from parlab.course.lab04 import run_pipeline
 from parlab.metrics import pipeline_bubble
-from parlab.splitting import SplitConfig
+from parlab.split import SplitConfig
 from parlab.torch import pipeline as pl
 from parlab.torch import split
 

@@ -307,7 +307,7 @@ def test_adam_in_mixed_precision_keeps_16_bytes_per_parameter_without_zero():
 
 
 def test_memory_falls_with_stages_and_tensor_parallel_and_1f1b_keeps_fewer_micro_batches():
-    from parlab.schedules import one_f_one_b, peak_in_flight
+    from parlab.pipeline import one_f_one_b, peak_in_flight
     net, _ = _even(8, 256)
     one = sim.memory(net, 64)
     tp = sim.memory(net, 64, tp=4)

@@ -7,7 +7,7 @@ import torch
 from batched import launch_by_size
 
 import parlab
-from parlab.splitting import SplitConfig, balance, check_bounds, imbalance, stage_costs
+from parlab.split import SplitConfig, balance, check_bounds, imbalance, stage_costs
 from parlab.torch import split
 
 TOL = 1e-5  # float32; the split runs the same operations in the same order as one device

@@ -26,7 +26,7 @@ def test_tf_split_on_logical_devices_equals_the_unsplit_model():
         import numpy as np, parlab
         devs = parlab.devices(4, framework="tf")
         from parlab.tf import split
-        from parlab.splitting import SplitConfig
+        from parlab.split import SplitConfig
         ref = split.train(SplitConfig(steps=5), devs.names[:1])
         for bounds in ([2], [1, 2, 3]):
             n = len(bounds) + 1

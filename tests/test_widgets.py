@@ -13,7 +13,7 @@ pytest.importorskip("ipywidgets")
 from parlab import plot, sim  # noqa: E402
 from parlab.course import lab00, lab03, lab04, lab05, lab06  # noqa: E402
 from parlab.sim import calibrate  # noqa: E402
-from parlab.splitting import SplitConfig  # noqa: E402
+from parlab.split import SplitConfig  # noqa: E402
 
 MLP = (64, 256, 256, 128, 10)
 PIPE = SplitConfig(sizes=(64, *[256] * 32, 10), batch_size=840)

@@ -142,7 +142,7 @@ def strategies_on_pairs(rank, world_size, names):
 
 def strategy_on_pairs(rank, world_size, name, mesh=None):
     """Run one strategy on each pair of a 4-rank launch at once: ranks (0, 1) and (2, 3)."""
-    from parlab.splitting import SplitConfig
+    from parlab.split import SplitConfig
     from parlab.torch import data_parallel as dp
     from parlab.torch import parameter_server as ps
     from parlab.torch import pipeline as pl

@@ -243,7 +243,7 @@ def manual_split(quick: bool = False) -> list[str]:
     import torch
 
     from parlab.launcher import launch
-    from parlab.splitting import SplitConfig, balance
+    from parlab.split import SplitConfig, balance
     from parlab.torch import split
 
     steps = 30 if quick else 80
@@ -303,8 +303,8 @@ def pipeline_bubble_bench(quick: bool = False) -> list[str]:
 
     from parlab.course.lab04 import run_pipeline
     from parlab.metrics import pipeline_bubble
-    from parlab.schedules import bubble_share, one_f_one_b, simulate
-    from parlab.splitting import SplitConfig
+    from parlab.pipeline import bubble_share, one_f_one_b, simulate
+    from parlab.split import SplitConfig
     from parlab.torch import pipeline as pl
 
     # 32 layers of width 256 (weights fit a core's cache), 840 samples per batch:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import statistics
 
-from ..grid import HybridShape
+from ..mesh import HybridShape
 from ..steps import step_seconds, warm_shares
 from .registry import benchmark
 
@@ -41,7 +41,7 @@ def measure(quick: bool = False) -> dict:
     from ..course.lab04 import run_pipeline
     from ..course.lab07 import survey_hybrid
     from ..launcher import launch
-    from ..splitting import SplitConfig
+    from ..split import SplitConfig
     from ..torch import data_parallel as dp
     from ..torch import parameter_server as ps
     from ..torch import pipeline as pl

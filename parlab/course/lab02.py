@@ -13,7 +13,7 @@ def check_split(bounds, costs, n_devices: int, names=None) -> float:
     The best split is never shown: only how far from the best ratio the learner is, and
     which stage carries too much.
     """
-    from ..splitting import balance, check_bounds, imbalance, stage_costs
+    from ..split import balance, check_bounds, imbalance, stage_costs
     best = balance(costs, n_devices)
     best_ratio = imbalance(costs, best)
     if callable(bounds):

@@ -30,7 +30,7 @@ def check_schedule(fn, cases=((2, 4), (3, 5), (4, 8))):
     micro-batches at once (the memory bound that distinguishes 1F1B from GPipe).
     Returns the function to use next.
     """
-    from ..schedules import check as check_valid, one_f_one_b, peak_in_flight
+    from ..pipeline import check as check_valid, one_f_one_b, peak_in_flight
     for stages, micro_batches in cases:
         try:
             schedule = fn(stages, micro_batches)
@@ -56,7 +56,7 @@ def check_schedule(fn, cases=((2, 4), (3, 5), (4, 8))):
 
 
 def _pipeline_step_time(stages, micro_batches, forward_s, backward_s):
-    from ..schedules import one_f_one_b, simulate
+    from ..pipeline import one_f_one_b, simulate
     return simulate(one_f_one_b(stages, micro_batches), stages, micro_batches,
                     forward_s, backward_s).duration
 

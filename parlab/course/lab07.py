@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..launcher import LaunchResult, launch
-from ..splitting import share
+from ..split import share
 from ..steps import step_seconds
 from .exercise import Exercise, check, register  # noqa: F401 (labNN.check)
 
@@ -15,14 +15,14 @@ def check_hybrid(shape: dict, *, sizes=None, global_batch: int = 64, micro_batch
                  schedule="1f1b", steps: int = 5, lr: float = 0.1, devices=None):
     """Everything about a hybrid run that can be wrong, said before any rank starts.
 
-    shape: {"dp": d, "tp": t} or {"dp": d, "pp": p} (or a ``grid.HybridShape``), the last
+    shape: {"dp": d, "tp": t} or {"dp": d, "pp": p} (or a ``parlab.mesh.HybridShape``), the last
     axis varying fastest. Refuses: axes other than these, a mesh whose size is not the
     number of devices, a global batch that does not split over the replicas, an MLP
     whose widths do not split over tp, a pipeline that ``pipeline.prepare`` refuses.
     Returns the ``HybridShape`` and, for dp × pp, the replica's prepared config and
     schedule (for dp × tp: None, None): what the ranks are handed.
     """
-    from ..grid import HybridShape
+    from ..mesh import HybridShape
     hs = HybridShape.of(shape)
     if devices is not None:
         hs.grid.check_world(devices.n)
@@ -38,7 +38,7 @@ def check_hybrid(shape: dict, *, sizes=None, global_batch: int = 64, micro_batch
                 raise ValueError(f"the MLP {sizes} does not split over tp={hs.tp}: "
                                  f"{exc}") from None
         return hs, None, None
-    from ..splitting import SplitConfig
+    from ..split import SplitConfig
     cfg = hybrid.replica_config(SplitConfig(sizes=sizes, batch_size=global_batch, steps=steps,
                                             lr=lr), hs.dp)
     cfg, ops = pipeline.prepare(cfg, hs.pp, hs.micro_batches(micro_batches), schedule)
@@ -152,8 +152,8 @@ MESH_CASES = ({"dp": 2, "tp": 2}, {"dp": 3, "tp": 2}, {"dp": 2, "pp": 2, "tp": 2
 
 
 def mesh_groups_reference(shape: dict) -> dict:
-    """Every line of the mesh along each axis: ``parlab.grid.Grid(**shape).lines(axis)``."""
-    from ..grid import Grid
+    """Every line of the mesh along each axis: ``parlab.mesh.Grid(**shape).lines(axis)``."""
+    from ..mesh import Grid
     grid = Grid(**shape)
     return {a: grid.lines(a) for a in grid.axes}
 
@@ -164,7 +164,7 @@ def _as_groups(groups):
 
 def _mesh_problems(groups: dict, shape: dict) -> list[str]:
     """What is wrong with a learner's groups for one mesh shape, in words (none: [])."""
-    from ..grid import Grid
+    from ..mesh import Grid
     grid = Grid(**shape)
     world, want = grid.world_size, mesh_groups_reference(shape)
     name = grid.describe()
@@ -242,21 +242,21 @@ def _mesh_group_ranks(rank: int, world_size: int, groups: dict) -> dict:
 
 
 def check_mesh_groups(fn, cases=MESH_CASES):
-    """Check a learner's ``fn(shape) -> {axis: [[ranks], ...]}`` against ``parlab.grid``.
+    """Check a learner's ``fn(shape) -> {axis: [[ranks], ...]}`` against ``parlab.mesh``.
 
     First the arithmetic, for every shape of ``cases`` (2-D and 3-D meshes), in words.
     Then the first shape's groups are built as process groups on real ranks (when they
     share out the ranks), and an all-reduce of each rank's number on each group is
     compared with the sum over the rank's true line. Returns the function to use next.
     """
-    from ..grid import Grid
+    from ..mesh import Grid
     problems, wrong_shapes = [], []
     for shape in cases:
         try:
             groups = fn(dict(shape))
         except NotImplementedError:
             print("[mesh_groups] not attempted yet: the lab goes on with the reference "
-                  "(parlab.grid). Fill in the function and run this cell again.")
+                  "(parlab.mesh). Fill in the function and run this cell again.")
             return mesh_groups_reference
         except Exception as exc:  # noqa: BLE001 - reported to the learner in words
             found = [f"for {Grid(**shape).describe()}: {type(exc).__name__}: {exc}"]
@@ -298,7 +298,7 @@ def check_mesh_groups(fn, cases=MESH_CASES):
     if problems:
         shown = "\n  ".join(problems)
         print(f"[mesh_groups] not yet right:\n  {shown}\n"
-              "The lab goes on with the reference (parlab.grid).")
+              "The lab goes on with the reference (parlab.mesh).")
         return mesh_groups_reference
     print(f"[mesh_groups] correct for {len(cases)} meshes, "
           f"{', '.join(Grid(**c).describe() for c in cases)}; on {grid.world_size} real ranks "
@@ -442,7 +442,7 @@ def strategy_explorer(here=None, *, global_batches=None):
             if here is None or clusters[cluster.value] is not here or not model.value.startswith("lab"):
                 print("measuring needs this machine's cluster and the lab MLP")
                 return
-            from ..grid import HybridShape
+            from ..mesh import HybridShape
             shape = HybridShape.of({"dp": here.devices // tp.value, "tp": tp.value}
                                    if pp.value == 1
                                    else {"dp": here.devices // pp.value, "pp": pp.value})

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 from ..launcher import LaunchResult, launch
-from ..splitting import share
+from ..split import share
 from .exercise import Exercise, check, register, run_on_ranks  # noqa: F401 (labNN.check)
 
 
@@ -22,23 +22,23 @@ def run_zero(*, devices=None, variants=None, sizes=None, global_batch: int = 64,
 
 def zero_fit(params: int, devices: int, mixed_precision: bool = True):
     """What each ZeRO stage keeps per device for ``params`` parameters on ``devices``
-    devices (``parlab.zero_memory``, computed): lines saying whether it fits on a 16 GB
+    devices (``parlab.zero``, computed): lines saying whether it fits on a 16 GB
     and an 80 GB GPU, and stacked bars with those two capacities drawn across."""
-    from .. import plot, zero_memory
+    from .. import plot, zero as zero_plan
     breakdowns, lines = {}, []
-    for stage in zero_memory.STAGES:
-        got = zero_memory.per_device_bytes(params, devices, stage, mixed_precision=mixed_precision)
+    for stage in zero_plan.STAGES:
+        got = zero_plan.per_device_bytes(params, devices, stage, mixed_precision=mixed_precision)
         total = got.pop("total")
         name = "plain DP" if stage == 0 else f"ZeRO-{stage}"
         breakdowns[name] = got
         verdict = ", ".join(f"{gpu}: {'fits' if total <= cap else 'does NOT fit'}"
-                            for gpu, cap in zero_memory.GPUS.items())
+                            for gpu, cap in zero_plan.GPUS.items())
         lines.append(f"{name:<9} {total / 1e9:9.2f} GB per device: {verdict}")
     fig = plot.memory(breakdowns, unit="GB",
                       title=f"{params / 1e9:.3g} B parameters on {devices} devices (computed)")
     ax = fig.axes[0]
     top = max(sum(d.values()) for d in breakdowns.values()) / 1e9
-    for gpu, cap in zero_memory.GPUS.items():
+    for gpu, cap in zero_plan.GPUS.items():
         if cap / 1e9 <= 1.5 * top:
             ax.axhline(cap / 1e9, color="black", ls="--", lw=1)
             ax.text(-0.4, cap / 1e9, gpu, va="bottom", ha="left", fontsize=plot.FONT - 3)
@@ -75,7 +75,7 @@ def zero_explorer():
 
 
 def _zero_device_bytes(params, devices, stage):
-    from ..zero_memory import per_device_bytes
+    from ..zero import per_device_bytes
     return per_device_bytes(params, devices, stage)["total"]
 
 
@@ -196,7 +196,7 @@ def plot_zero_steps(run, variants=("ddp", "zero1", "zero2", "zero3"), *, rank: i
     """One lane per variant: ``rank``'s quickest step of each variant of a ``run_zero``
     run, each from its own start; transfers coloured by their collective (drawn as
     ``plot.timeline``'s axis colours: all_gather, all_reduce, reduce_scatter)."""
-    from .. import plot, zero_memory
+    from .. import plot, zero as zero_plan
     from ..steps import quickest_step
     from ..torch import zero
     from ..trace import Span, Timeline
@@ -207,7 +207,7 @@ def plot_zero_steps(run, variants=("ddp", "zero1", "zero2", "zero3"), *, rank: i
         labels[lane] = zero.LABELS[v]
         spans += [Span(lane, s.kind, s.name.replace("grad ", "").replace("param ", ""),
                        s.start - step.start, s.end - step.start, s.bytes,
-                       axis=zero_memory.op_of(s.name) if s.kind == "comm" else None)
+                       axis=zero_plan.op_of(s.name) if s.kind == "comm" else None)
                   for s in step.spans]
     return plot.timeline(Timeline(spans, labels), color_by="axis", names=False,
                          title=title or f"rank {rank}, the quickest step of each (measured)")

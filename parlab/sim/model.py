@@ -17,7 +17,7 @@ Compute takes flops / rate plus a fixed cost per layer and pass (launching kerne
 Python). A pipeline of p stages and m micro-batches idles a share (p - 1)/(m + p - 1)
 of its time (GPipe, Huang et al., 2019).
 
-Mesh axes are laid out as in ``parlab.grid``: the last axis varies fastest, so its
+Mesh axes are laid out as in ``parlab.mesh``: the last axis varies fastest, so its
 groups are neighbouring devices. An axis uses the fast link (inside a node) when its
 group, together with every faster axis, fits in one node; otherwise the slow one.
 

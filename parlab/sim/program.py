@@ -8,9 +8,9 @@ Recv, Collective, Join); ``programs`` writes them for a dp × tp × pp mesh and
 from __future__ import annotations
 
 from ..errors import counted
-from ..schedules import check as check_schedule
-from ..schedules import gpipe, one_f_one_b
-from ..splitting import balance, check_bounds
+from ..pipeline import check as check_schedule
+from ..pipeline import gpipe, one_f_one_b
+from ..split import balance, check_bounds
 from .costs import Network, Roofline
 from .engine import Collective, Compute, Join, PredictedTimeline, Recv, Send, run
 from .model import Cluster, all_reduce_s, send_s
@@ -37,7 +37,7 @@ def all_reduce_seconds(nbytes, n, link, overhead) -> float:
 
 
 class Mesh:
-    """dp × pp × tp ranks, tp fastest (``parlab.grid``'s order), and each axis's link."""
+    """dp × pp × tp ranks, tp fastest (``parlab.mesh``'s order), and each axis's link."""
 
     def __init__(self, cluster: Cluster, dp: int, pp: int, tp: int):
         self.dp, self.pp, self.tp = dp, pp, tp

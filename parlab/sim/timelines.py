@@ -26,7 +26,7 @@ Strategies (``sim.timeline(name, ...)`` dispatches by name, see ``sim.strategies
                      slow={worker: factor})                in sim.servers, lab 06
     hybrid(net, cluster, batch, dp=2, tp=1, pp=1, micro_batches=4)   lab 07
 
-Ranks are laid out as in ``parlab.grid`` (dp outermost, then pp, then tp fastest), and
+Ranks are laid out as in ``parlab.mesh`` (dp outermost, then pp, then tp fastest), and
 each axis uses the cluster's fast link when its groups fit in one node.
 """
 from __future__ import annotations

@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from .. import data as datasets
-from ..splitting import SplitConfig, check_bounds
+from ..split import SplitConfig, check_bounds
 from ..trace import COMPUTE, Span, Timeline
 
 

@@ -19,7 +19,7 @@ import time
 import torch
 from torch import nn
 
-from ..splitting import share
+from ..split import share
 from ..trace import COMM, COMPUTE, recording
 from . import training
 from .training import flat_gradients, flat_parameters, load_flat

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from ..splitting import share
+from ..split import share
 
 # Mesh axis names of process groups, so a traced collective can say which axis its bytes
 # travelled on. Keyed by id(): ProcessGroup objects are not hashable in every version.

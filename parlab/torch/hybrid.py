@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..splitting import SplitConfig, share
+from ..split import SplitConfig, share
 from ..trace import span
 from . import comm, data_parallel, pipeline, runtime, tensor_parallel, training
 from .mesh import init_mesh

@@ -6,7 +6,7 @@ Inside a rank started by ``parlab.launch`` or ``torchrun``::
     tp_pair = mesh.group("tp")            # this rank's tensor-parallel pair
     dp.train_data_parallel(..., group=mesh.group("dp"))
 
-The grid's arithmetic (``parlab.grid.Grid``) is framework-free; this module builds the
+The grid's arithmetic (``parlab.mesh.Grid``) is framework-free; this module builds the
 process groups. The design follows picotron's process-group manager: groups derived
 from one grid, so a hybrid is assembled from the same strategies, each given the line of
 the mesh it runs on. The last axis varies fastest, as in ``init_device_mesh``: put the
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from ..grid import Grid
+from ..mesh import Grid
 from .groups import Group, name_group
 from .runtime import library_device
 

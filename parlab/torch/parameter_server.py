@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..splitting import share
+from ..split import share
 from ..system import listening_addresses
 from ..trace import WAIT, recorder, span
 from . import comm, runtime, training

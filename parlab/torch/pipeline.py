@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from .. import data as datasets
-from .. import schedules
-from ..splitting import SplitConfig, balance
+from .. import pipeline as schedules
+from ..split import SplitConfig, balance
 from ..steps import shares_by_kind
 from ..trace import span
 from . import comm, memory, runtime, split, training

@@ -113,7 +113,7 @@ def throughput(make_model, x: np.ndarray, y: np.ndarray, batch_sizes, *, steps: 
 def train_reference(cfg) -> dict:
     """The single-device run that splits, pipelines and slices are compared with.
 
-    cfg: a ``parlab.splitting.SplitConfig`` (model, batch size, steps, optimizer, seed).
+    cfg: a ``parlab.split.SplitConfig`` (model, batch size, steps, optimizer, seed).
     """
     model = training.model_from_config(cfg)
     opt = training.make_optimizer(cfg.optimizer, model.parameters(), cfg.lr)

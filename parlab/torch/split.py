@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..splitting import SplitConfig, balance, check_bounds
+from ..split import SplitConfig, balance, check_bounds
 from ..trace import span
 from . import comm, memory, runtime, training
 from .groups import as_group

@@ -241,7 +241,7 @@ def dense_reference(sizes=(64, 256, 256, 128, 10), batch_size: int = 64, steps: 
                     lr: float = 0.05, seed: int = 0) -> dict:
     """The same training on one device, for the equivalence checks (lab 01's reference
     loop: the same seed, data order and plain SGD)."""
-    from ..splitting import SplitConfig
+    from ..split import SplitConfig
     from .single import train_reference
     return train_reference(SplitConfig(sizes=tuple(sizes), batch_size=batch_size, steps=steps,
                                        lr=lr, optimizer="sgd", seed=seed))

@@ -36,7 +36,7 @@ def build_model(name: str = "mlp", *, sizes=None, width: int | None = None,
 
 
 def model_from_config(cfg) -> nn.Sequential:
-    """The model of a ``parlab.splitting.SplitConfig`` (labs 02 and 04), seeded."""
+    """The model of a ``parlab.split.SplitConfig`` (labs 02 and 04), seeded."""
     return build_model(cfg.model, sizes=cfg.sizes, width=cfg.width, seed=cfg.seed)
 
 

@@ -24,7 +24,7 @@ flattened into one vector padded to a multiple of N, and rank i owns elements
 ``train_zero`` runs plain data parallel (stage 0), the three stages, stage 2 with its
 optimizer offloaded to the host, and PyTorch's FSDP2 (``fully_shard``) one after the other
 in one launch, and returns for each the parameters after k steps and the bytes of the
-tensors it keeps, as measured on those tensors. The formulas are ``parlab.zero_memory``.
+tensors it keeps, as measured on those tensors. The formulas are ``parlab.zero``.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ import time
 import torch
 from torch import nn
 
-from .. import zero_memory
+from .. import zero as zero_plan
 from ..trace import COMPUTE, recorder, span
 from . import comm, data_parallel, runtime, training
 from .groups import as_group
@@ -430,17 +430,17 @@ def bytes_per_step(timeline, window, rank: int, world_size: int, steps: int) -> 
     """Traced bytes per step on ``rank`` inside ``window``, and the bytes it sent (ring).
 
     Returns {"traced": what ``Timeline.comm_bytes`` counts, "sent": the bytes the ring
-    algorithms send for those operations (``zero_memory.sent_bytes``), "by op": sent, per
+    algorithms send for those operations (``parlab.zero.sent_bytes``), "by op": sent, per
     collective}. Barriers and the final gathers for the results are left out.
     """
     part = timeline.window(*window).filter(ranks=[rank])
     by_op, traced = {}, 0
     for s in part.spans:
-        op = zero_memory.op_of(s.name)
+        op = zero_plan.op_of(s.name)
         if s.kind != "comm" or op is None or s.name == "gather for the result":
             continue
         traced += s.bytes
-        by_op[op] = by_op.get(op, 0.0) + zero_memory.sent_bytes(op, s.bytes, world_size)
+        by_op[op] = by_op.get(op, 0.0) + zero_plan.sent_bytes(op, s.bytes, world_size)
     return {"traced": traced / steps, "sent": sum(by_op.values()) / steps,
             "by op": {k: v / steps for k, v in by_op.items()}}
 
@@ -452,12 +452,12 @@ LABELS = {"ddp": "plain DP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeR
 
 
 def expected_held(variant: str, params: int, world_size: int) -> dict:
-    """What ``zero_memory`` says a rank of ``variant`` keeps (float32 Adam), by part.
+    """What ``parlab.zero`` says a rank of ``variant`` keeps (float32 Adam), by part.
 
     With offload the device keeps only the parameters; the host keeps the shard's
     gradient, its float32 master copy and Adam's moments: (4 + 4 + 8)Ψ/N.
     """
-    want = zero_memory.per_device_bytes(params, world_size, STAGE_OF[variant])
+    want = zero_plan.per_device_bytes(params, world_size, STAGE_OF[variant])
     want.pop("total")
     if variant == "zero2_offload":
         want["gradients"] = want["optimizer state"] = 0.0
@@ -481,7 +481,7 @@ def summary(results: list[dict], timeline, steps: int, variants=VARIANTS) -> lis
                      "expected": expected_held(v, res["params"], n),
                      "gathered_layer": res["held"].get("one gathered layer", 0),
                      "sent": moved["sent"], "traced": moved["traced"], "by op": moved["by op"],
-                     "expected_sent": zero_memory.comm_bytes_per_step(res["params"], n,
+                     "expected_sent": zero_plan.comm_bytes_per_step(res["params"], n,
                                                                       STAGE_OF[v]),
                      "transfer_s": seconds["comm"] / steps, "wait_s": seconds["wait"] / steps})
     return rows
