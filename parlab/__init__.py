@@ -56,6 +56,7 @@ _LAZY = {
     "torch": ("parlab.torch", None),
     "widgets": ("parlab.widgets", None),
     "zero": ("parlab.zero", None),
+    "zero_memory": ("parlab.zero", None),
 }
 
 __all__ = sorted(_LAZY)

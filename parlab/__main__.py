@@ -1,4 +1,4 @@
-"""Command line: ``python -m parlab {info,bench,run,student-copy}``."""
+"""Command line: ``python -m parlab {info,bench,lessons,run,student-copy}``."""
 from __future__ import annotations
 
 import argparse
@@ -85,6 +85,22 @@ def _cmd_student_copy(ns) -> int:
     return 0
 
 
+def _cmd_lessons(parser, ns) -> int:
+    from parlab.course import lessons
+    labs = lessons.LABS
+    if ns.lab is not None:
+        lab = ns.lab.zfill(2)
+        if lab not in lessons.LABS:
+            parser.error(f"--lab must be a lab number {lessons.LABS[0]}-{lessons.LABS[-1]}, "
+                         f"got {ns.lab!r}")
+        labs = (lab,)
+    if ns.runs < 1:
+        parser.error(f"--runs must be 1 or more (times each lesson's experiment runs), "
+                     f"got {ns.runs}")
+    lessons.run(labs, ns.runs, out=lambda line: print(line, flush=True))
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="parlab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -92,6 +108,10 @@ def main(argv=None) -> int:
     b = sub.add_parser("bench", help="run the benchmarks (ratios measured in one run)")
     b.add_argument("--only", help="run one benchmark by name")
     b.add_argument("--quick", action="store_true", help="fewer repetitions")
+    le = sub.add_parser("lessons", help="run the labs' lesson experiments; how often each "
+                        "lesson showed")
+    le.add_argument("--lab", help="one lab's lessons (e.g. 06)")
+    le.add_argument("--runs", type=int, default=1, help="times each experiment runs")
     r = sub.add_parser("run", help="run a worker MODULE:FUNCTION on N ranks (or under torchrun)")
     r.add_argument("target")
     r.add_argument("--nproc", type=int, default=2, help="ranks, when not under torchrun")
@@ -118,6 +138,8 @@ def main(argv=None) -> int:
     if ns.command == "bench":
         from parlab import bench
         return bench.run(ns.only, ns.quick)
+    if ns.command == "lessons":
+        return _cmd_lessons(le, ns)
     if ns.command == "run":
         return _cmd_run(r, ns)   # errors show `parlab run`'s own usage
     if ns.command == "student-copy":

@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from . import core_waits
 from .errors import whole_number
 
 # Each simulated PyTorch device is a process holding its own interpreter and torch
@@ -66,7 +67,13 @@ class DeviceSet:
         if self.simulated:
             how = ("processes on the CPU, gloo backend" if self.framework == "torch"
                    else "logical CPU devices sharing one thread pool")
-            return f"{self.n} simulated device{'s' * (self.n > 1)} ({how}): {self.reason}"
+            # once, in the first line of every lab: where a rank's wait for a core is not
+            # measured, it hides inside compute and transfer (parlab.core_waits)
+            unmeasured = "" if core_waits.MEASURED else (
+                "; waiting for a core is not measured on this system and hides inside compute "
+                "and transfer")
+            return (f"{self.n} simulated device{'s' * (self.n > 1)} ({how}): {self.reason}"
+                    f"{unmeasured}")
         if self.shared:
             gpus = sorted(set(self.names))
             if self.framework == "tf":

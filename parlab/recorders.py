@@ -9,6 +9,7 @@ import contextlib
 import time
 from typing import Callable, Iterator
 
+from . import core_waits
 from .spans import COMPUTE, KINDS, Span
 from .timeline import Timeline
 
@@ -27,26 +28,33 @@ class HostTimer:
 
 
 class _SpanContext:
-    """The hot path of tracing: two timer marks and one list append per span.
+    """The hot path of tracing: two timer marks, two reads of the thread's core-wait
+    counter (where the recorder measures it) and one list append per span.
 
     A plain class rather than a generator-based context manager: it costs about a
     third as much, and spans surround every operation of a training step.
     """
 
-    __slots__ = ("rec", "kind", "name", "nbytes", "peer", "axis", "key", "start")
+    __slots__ = ("rec", "kind", "name", "nbytes", "peer", "axis", "key", "start", "waited")
 
     def __init__(self, rec, kind, name, nbytes, peer, axis, key):
         self.rec, self.kind, self.name, self.nbytes, self.peer = rec, kind, name, nbytes, peer
         self.axis, self.key = axis, key
 
     def __enter__(self):
+        # compute runs on the calling thread; communication also on the library's threads
+        self.waited = (core_waits.read_seconds(self.kind != COMPUTE) if self.rec.core_waits
+                       else None)
         self.start = self.rec.timer.mark()
         return self
 
     def __exit__(self, *exc):
         rec = self.rec
-        rec._raw.append((self.kind, self.name, self.start, rec.timer.mark(), self.nbytes,
-                         self.peer, None, self.axis, self.key))
+        end = rec.timer.mark()
+        waited = (0.0 if self.waited is None
+                  else core_waits.read_seconds(self.kind != COMPUTE) - self.waited)
+        rec._raw.append((self.kind, self.name, self.start, end, self.nbytes,
+                         self.peer, None, self.axis, self.key, waited))
         return False
 
 
@@ -77,6 +85,12 @@ class Recorder:
         self.enabled = True
         self._raw: list[tuple] = []
 
+    @property
+    def core_waits(self) -> bool:
+        """Whether spans read the thread's core-wait counter: host-clock spans only (a
+        GPU's spans are timed on the device, where the host thread's waits are not theirs)."""
+        return core_waits.MEASURED and type(self.timer) is HostTimer
+
     def span(self, name: str, kind: str = COMPUTE, bytes: int = 0, peer: int | None = None,
              axis: str | None = None, key: tuple | None = None):
         if not self.enabled:
@@ -86,14 +100,17 @@ class Recorder:
         return _SpanContext(self, kind, name, bytes, peer, axis, key)
 
     def add(self, name: str, kind: str, start: float, end: float, bytes: int = 0, peer=None,
-            lane: int | None = None, axis: str | None = None, key: tuple | None = None):
+            lane: int | None = None, axis: str | None = None, key: tuple | None = None,
+            core_wait_s: float = 0.0):
         """Record an interval measured elsewhere (host-clock seconds on this rank).
 
         lane: draw it on another lane than this rank's, e.g. for work a background
         thread did while the rank's main thread went on (DDP's gradient all-reduce).
+        core_wait_s: of the interval, the seconds the rank waited for a core, when the
+        caller read ``core_waits.read_seconds`` at its ends (only if ``self.core_waits``).
         """
         self._raw.append((kind, name, ("host", start), ("host", end), int(bytes), peer, lane,
-                          axis, key))
+                          axis, key, core_wait_s))
 
     def _resolve(self, mark) -> float:
         if isinstance(mark, tuple):
@@ -104,8 +121,8 @@ class Recorder:
         """All spans recorded so far, resolved to seconds on the merged clock."""
         return [
             Span(self.rank if lane is None else lane, kind, name, self._resolve(s) + self.offset,
-                 self._resolve(e) + self.offset, nbytes, peer, axis, key)
-            for kind, name, s, e, nbytes, peer, lane, axis, key in self._raw
+                 self._resolve(e) + self.offset, nbytes, peer, axis, key, waited)
+            for kind, name, s, e, nbytes, peer, lane, axis, key, waited in self._raw
         ]
 
     def timeline(self, labels: dict[int, str] | None = None) -> "Timeline":

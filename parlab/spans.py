@@ -16,7 +16,13 @@ WAIT = "wait"
 IDLE = "idle"  # derived: never recorded, only computed from the gaps between spans
 
 
-KINDS = (COMPUTE, COMM, WAIT)
+# Derived too: the time a rank was ready to run but waited for a CPU core (the kernel's
+# run-queue delay, measured at the edges of each span; see ``parlab.core_waits``).
+CORE_WAIT = "core_wait"
+
+
+KINDS = (COMPUTE, COMM, WAIT)                       # what a rank records
+LANE_KINDS = (COMPUTE, COMM, WAIT, CORE_WAIT, IDLE)  # what a lane is made of, once drawn
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,7 @@ class Span:
     peer: int | None = None
     axis: str | None = None     # the mesh axis (group) a communication ran on, if any
     key: tuple | None = None    # (role, match) of a traced operation, until split (see split_waits)
+    core_wait_s: float = 0.0    # of which waiting for a core, until carved out (see core_waits)
 
     @property
     def duration(self) -> float:

@@ -2,6 +2,8 @@
 share of each kind of time. One home for what labs, explorers and benchmarks read."""
 from __future__ import annotations
 
+from .spans import LANE_KINDS
+
 
 def step_seconds(timeline, marker: str, skip: int = 2, rank: int | None = None) -> float:
     """Median time from one step's ``marker`` span to the next's on ``rank`` (default
@@ -52,14 +54,15 @@ def median_phase(timeline, name: str, rank: int, skip: int = 1) -> float:
 
 def shares_by_kind(timeline, windows, lanes=None, *,
                    each_window_equal: bool = False) -> dict[int, dict[str, float]]:
-    """Per lane: share of compute, transfer (comm), wait and idle over the given windows.
+    """Per lane: share of compute, transfer (comm), wait, waiting for a core (core_wait) and
+    idle over the given windows.
 
     By default the windows' seconds are added up, so a long window counts for more; with
     ``each_window_equal`` each window's shares are averaged, so one step stretched by the
     machine does not dominate (lab 04's pipelines).
     """
     lanes = timeline.ranks if lanes is None else lanes
-    kinds = ("compute", "comm", "wait", "idle")
+    kinds = LANE_KINDS
     totals = {r: dict.fromkeys(kinds, 0.0) for r in lanes}
     for a, b in windows:
         win = timeline.window(a, b)
@@ -76,14 +79,17 @@ def shares_by_kind(timeline, windows, lanes=None, *,
 def shares_text(shares: dict, labels=None) -> str:
     """``shares_by_kind`` in words, one lane after another."""
     return "; ".join(f"{(labels or {}).get(r, f'rank {r}')}: compute {s['compute']:.0%}, "
-                     f"transfer {s['comm']:.0%}, wait {s['wait']:.0%}, idle {s['idle']:.0%}"
+                     f"transfer {s['comm']:.0%}, wait {s['wait']:.0%}, "
+                     f"waiting for a core {s['core_wait']:.0%}, idle {s['idle']:.0%}"
                      for r, s in shares.items())
 
 
 def warm_shares(timeline, marker: str, skip: int = 1, rank=None) -> dict:
-    """Mean compute / transfer / wait+idle share over the steps after the first ``skip``."""
+    """Mean compute / transfer / waiting for a core / wait+idle share over the steps after
+    the first ``skip``."""
     windows = timeline.step_windows(marker, rank)[skip:]
     shares = shares_by_kind(timeline, windows)
     lanes = list(shares)
-    return {k: sum(shares[r][k] for r in lanes) / len(lanes) for k in ("compute", "comm")} | {
+    return {k: sum(shares[r][k] for r in lanes) / len(lanes)
+            for k in ("compute", "comm", "core_wait")} | {
         "idle": sum(shares[r]["wait"] + shares[r]["idle"] for r in lanes) / len(lanes)}

@@ -5,6 +5,8 @@ move: until its peer arrives, the rank is waiting. Each traced operation carries
 key, so a timeline finds the same operation on every rank and splits each span into the
 part spent waiting for the last peer to arrive and the part spent transferring (see
 ``split_waits``). All ranks' spans are on one clock, which makes this a subtraction.
+Before that, the time a rank waited for a CPU core, measured inside each span, is moved
+into spans of its own (``core_waits.carve``).
 """
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ import os
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
-from .spans import COMM, COMPUTE, IDLE, KINDS, WAIT, Span
+from . import core_waits
+from .spans import COMM, COMPUTE, IDLE, LANE_KINDS, WAIT, Span
 
 
 # ----------------------------------------------------------------------------- waiting
@@ -82,7 +85,8 @@ class Timeline:
 
     def __init__(self, spans: Iterable[Span], labels: dict[int, str] | None = None,
                  ranks: Sequence[int] | None = None):
-        self.spans: list[Span] = sorted(split_waits(spans), key=lambda s: (s.rank, s.start, -s.end))
+        self.spans: list[Span] = sorted(split_waits(core_waits.carve(spans)),
+                                        key=lambda s: (s.rank, s.start, -s.end))
         for s in self.spans:
             if s.end < s.start:
                 raise ValueError(f"span {s.name!r} on rank {s.rank} ends before it starts")
@@ -164,13 +168,13 @@ class Timeline:
         return out
 
     def seconds_by_kind(self, rank: int) -> dict[str, float]:
-        totals = {k: 0.0 for k in (*KINDS, IDLE)}
+        totals = {k: 0.0 for k in LANE_KINDS}
         for seg in self.segments(rank):
             totals[seg.kind] += seg.end - seg.start
         return totals
 
     def summary(self) -> "Summary":
-        """Busy (compute), communication, wait and idle share of each rank's lane."""
+        """Seconds and share of each kind (compute, transfer, wait, core wait, idle) per rank."""
         rows = []
         for r in self.ranks:
             secs = self.seconds_by_kind(r)
@@ -288,8 +292,9 @@ class Timeline:
 class Summary:
     """Per-rank shares of a timeline; prints as a table, renders as HTML in a notebook."""
 
-    COLUMNS = ("compute", "comm", "wait", "idle")
-    HEADINGS = {"comm": "transfer"}     # "comm" spans hold only the transfer once waits are split
+    COLUMNS = ("compute", "comm", "wait", "core_wait", "idle")
+    # "comm" spans hold only the transfer once waits are split
+    HEADINGS = {"comm": "transfer", "core_wait": "core wait"}
 
     def __init__(self, rows: list[dict], duration: float):
         self.rows = rows
@@ -306,12 +311,12 @@ class Summary:
         return sum(r[f"{kind}_share"] for r in self.rows) / max(len(self.rows), 1)
 
     def __str__(self) -> str:
-        head = (f"{'device':<28}" + "".join(f"{self.HEADINGS.get(c, c):>9}" for c in self.COLUMNS)
+        head = (f"{'device':<28}" + "".join(f"{self.HEADINGS.get(c, c):>10}" for c in self.COLUMNS)
                 + f"{'bytes':>12}")
         lines = [f"timeline of {self.duration * 1e3:.1f} ms", head]
         for r in self.rows:
             lines.append(f"{r['device'][:27]:<28}"
-                         + "".join(f"{r[c + '_share']:>9.1%}" for c in self.COLUMNS)
+                         + "".join(f"{r[c + '_share']:>10.1%}" for c in self.COLUMNS)
                          + f"{_human_bytes(r['comm_bytes']):>12}")
         return "\n".join(lines)
 

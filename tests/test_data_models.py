@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from parlab import data
+from parlab.trace import CORE_WAIT
 from parlab.torch import memory, models, single
 
 
@@ -82,8 +83,8 @@ def test_memory_estimate_and_measurement_agree_where_they_must():
 def test_step_timeline_and_throughput():
     x, y = data.digits("train")
     tl = single.step_timeline(models.mlp(), x, y, batch_size=32, steps=3)
-    assert [s.name for s in tl][:4] == ["data", "forward", "backward", "update"]
-    assert len(tl) == 12 and tl.ranks == [0]
+    phases = [s.name for s in tl if s.kind != CORE_WAIT]     # a wait for a core may come between
+    assert phases == ["data", "forward", "backward", "update"] * 3 and tl.ranks == [0]
     tp = single.throughput(models.mlp, x, y, [8, 64], steps=3)
     assert [r["batch_size"] for r in tp] == [8, 64] and all(r["samples_per_s"] > 0 for r in tp)
     with pytest.raises(ValueError, match="larger than the data"):

@@ -15,6 +15,7 @@ import plain_workers
 import workers
 
 import parlab
+from parlab.core_waits import waiting_name
 from parlab import LaunchTimeout, WorkerError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,7 +66,9 @@ def test_seeds_are_offset_by_rank_and_reproducible(no_leftover_ranks):
 def test_a_collective_across_four_ranks(no_leftover_ranks):
     out = parlab.launch(workers.sum_of_ranks, 4)
     assert [float(r[0]) for r in out.results] == [6.0] * 4
-    assert all(s.name == "all_reduce" for s in out.timeline)
+    # the one traced operation, and on 2 cores maybe the time it waited for one
+    assert {s.name for s in out.timeline} <= {"all_reduce", waiting_name("all_reduce")}
+    assert "all_reduce" in {s.name for s in out.timeline}
 
 
 def test_function_defined_in_main_is_sent_by_value(no_leftover_ranks):

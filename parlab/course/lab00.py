@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 from .. import metrics
+from ..core_waits import waiting_name
+from . import lessons
 from .exercise import Exercise, check, register  # noqa: F401 (labNN.check)
 from .explorer import (HERE, bytes_text, choice, cluster_for, explorer, gpu_clusters,
                        refuse_unless_here, seconds_text, slider, time_unit)
@@ -104,7 +107,7 @@ def all_reduce_explorer(worker, here_link, unit_s: float, *, unit_flops: float,
         from ..launcher import launch
         refuse_unless_here(cluster, n)
         run = launch(worker, n, kwargs=dict(numel=max(nbytes // 4, 1)))
-        measured = run.timeline.filter(names={"compute", "all_reduce"})
+        measured = run.timeline.filter(names=_STEP_NAMES)
         steps = len(measured.step_windows("compute", rank=0)) or 1
         predicted = predicted_uneven_all_reduce([unit_s * (r + 1) for r in range(n)], nbytes,
                                                 here_link, steps=steps)
@@ -117,3 +120,119 @@ def all_reduce_explorer(worker, here_link, unit_s: float, *, unit_flops: float,
                 "nbytes": slider("message", message_sizes([message_bytes]), message_bytes),
                 "cluster": choice("cluster", [HERE, *gpu_clusters()])}
     return explorer(predict, controls, measure=measure)
+
+
+# ------------------------------------------------------------------ lessons
+def first_allreduce(rank, world_size, steps=3, numel=2_500):
+    """The notebook's first_allreduce: rank r does r + 1 units of work, then all ranks
+    all-reduce ``numel`` floats, ``steps`` times (the lesson experiment's copy)."""
+    import torch
+    from ..torch import comm, runtime
+    from ..trace import span
+
+    device = runtime.rank_device()
+    a = torch.randn(256, 256, device=device)
+    x = torch.full((numel,), float(rank + 1), device=device)
+    torch.tanh(a @ a)
+    comm.barrier()
+    for _ in range(steps):
+        with span("compute"):
+            for _ in range(20 * (rank + 1)):
+                a = torch.tanh(a @ a)
+        comm.all_reduce(x)
+        x /= world_size
+    return float(x[0])
+
+
+# the spans of a step of first_allreduce (without the first barrier), with their core waits
+_STEP_NAMES = {"compute", "all_reduce", waiting_name("compute"), waiting_name("all_reduce")}
+
+
+def pace_numbers(run, steps: int = 3) -> dict:
+    """What lesson 00.slowest_sets_the_pace reads from a run of ``first_allreduce`` (the
+    notebook's table): per rank and step, the seconds it computed and the seconds it
+    waited in the all-reduce for the last rank, both measured, without the first barrier;
+    and the ranks' share of that time spent waiting for a core."""
+    tl = run.timeline.filter(names=_STEP_NAMES)
+    return {"compute": [tl.seconds_by_kind(r)["compute"] / steps for r in tl.ranks],
+            "wait": [tl.seconds_by_kind(r)["wait"] / steps for r in tl.ranks],
+            "core_wait": lessons.core_wait_share(tl, tl.ranks)}
+
+
+def _pace_experiment() -> dict:
+    from ..launcher import launch
+    return pace_numbers(launch(first_allreduce, 4), steps=3)
+
+
+@lessons.lesson("00.slowest_sets_the_pace",
+                "when rank r does r + 1 units of work before an all-reduce, the ranks with "
+                "less work wait in it for the slowest: rank 0 waits longer per step than the "
+                "rank with the most work, by at least half the difference in their compute",
+                _pace_experiment)
+def slowest_sets_the_pace(m: dict):
+    (c0, cn), (w0, wn) = (m["compute"][0], m["compute"][-1]), (m["wait"][0], m["wait"][-1])
+    n = len(m["compute"]) - 1
+    gap = cn - c0
+    figures = (f"per step, rank 0 waits {w0 * 1e3:.1f} ms and rank {n} {wn * 1e3:.1f} ms; "
+               f"rank {n} computes {gap * 1e3:.1f} ms longer than rank 0")
+    if gap <= 0:
+        return False, figures, (f"rank {n} computed no longer than rank 0; the ranks spent "
+                                f"{m['core_wait']:.0%} of their time waiting for a core")
+    figures += f" (the wait gap is {(w0 - wn) / gap:.0%} of that)"
+    why = (f"the ranks spent {m['core_wait']:.0%} of their time waiting for a core, which moves "
+           "when each rank finishes the previous all-reduce and starts computing")
+    return w0 - wn >= 0.5 * gap, figures, why
+
+
+def link_numbers(records, timeline=None, op: str = "send_recv", world_size: int = 2) -> dict:
+    """What lesson 00.latency_then_bandwidth reads from ``bandwidth.sweep`` records: the
+    median seconds of ``op`` on ``world_size`` ranks at each size, and (given the sweep's
+    timeline) the ranks' share of time spent waiting for a core."""
+    rows = sorted((r for r in records if r["op"] == op and r["world_size"] == world_size),
+                  key=lambda r: r["bytes"])
+    ranks = timeline.ranks if timeline is not None else ()
+    return {"op": op, "world_size": world_size,
+            "bytes": [r["bytes"] for r in rows], "seconds": [r["seconds"] for r in rows],
+            "core_wait": lessons.core_wait_share(timeline, ranks) if ranks else float("nan")}
+
+
+def _link_experiment() -> dict:
+    from ..launcher import launch
+    from ..torch import bandwidth
+    sizes = bandwidth.default_sizes(16 * 2**20)          # the notebook's sizes, 4 B to 16 MB
+    run = launch(bandwidth.sweep, 2, kwargs=dict(sizes=sizes, ops=("send_recv",)))
+    return link_numbers(run.results[0], run.timeline)
+
+
+SMALL_BYTES = 1024      # "small": up to 1 KB, 256 times the smallest message (4 B)
+
+
+@lessons.lesson("00.latency_then_bandwidth",
+                "a small message costs about the same whatever its size, and a large one in "
+                "proportion to its size: the median time of the messages up to 1 KB is at most "
+                "1.5x the time of 4 B, and the largest message takes at least 8x as long as "
+                "one 16x smaller (half of proportional)",
+                _link_experiment)
+def latency_then_bandwidth(m: dict):
+    size, secs = m["bytes"], m["seconds"]
+    small = [t for b, t in zip(size, secs) if b <= SMALL_BYTES]
+    below = [i for i, b in enumerate(size) if b <= size[-1] / 16] if size else []
+    if len(small) < 3 or not below:
+        return False, f"{len(size)} sizes", "the sweep needs 3 sizes up to 1 KB and a size 16x below the largest"
+    flat = statistics.median(small) / secs[0]
+    base = below[-1]
+    grow, more = secs[-1] / secs[base], size[-1] / size[base]
+    figures = (f"{m['op']} on {m['world_size']} ranks: the {len(small)} sizes up to "
+               f"{bytes_text(SMALL_BYTES)} take a median {flat:.2f}x the time of "
+               f"{bytes_text(size[0])}; {bytes_text(size[-1])} take {grow:.1f}x the time of "
+               f"{bytes_text(size[base])} ({more:.0f}x the bytes)")
+    why = []
+    if flat > 1.5:
+        why.append(f"the time of the messages up to {bytes_text(SMALL_BYTES)} grew with size")
+    if grow < more / 2:
+        fit = metrics.fit_link(size, secs)
+        why.append(f"the half-speed size fitted to this sweep, {bytes_text(fit.latency_s * fit.bandwidth_Bps)}, "
+                   f"is not far below {bytes_text(size[-1])}: latency still counts at {bytes_text(size[base])}")
+    if not math.isnan(m["core_wait"]):
+        why.append(f"the ranks spent {m['core_wait']:.0%} of their time waiting for a core")
+    return flat <= 1.5 and grow >= more / 2, figures, "; ".join(why)

@@ -1,6 +1,12 @@
-"""Lab 01 (labs/01_single_device.ipynb): its exercises (memory of a step and of training)."""
+"""Lab 01 (labs/01_single_device.ipynb): its exercises (memory of a step and of training)
+and its lessons (the models learn; throughput against the batch size)."""
 from __future__ import annotations
 
+import contextlib
+import os
+import time
+
+from . import lessons
 from .exercise import Exercise, check, register  # noqa: F401 (labNN.check)
 
 
@@ -36,3 +42,197 @@ register(Exercise(
          "parameter: plain SGD nothing, SGD with momentum one running average, Adam two. "
          "A float32 is 4 bytes.",
 ))
+
+
+# ------------------------------------------------------------------ lessons
+# Lab 01 runs on one device in the notebook's own process: its experiments call the same
+# parlab.torch.single functions as the notebook, with the notebook's settings.
+SWEEP = (4, 16, 64, 256, 1024)      # the batch sizes of the notebook's throughput sweep
+
+
+@contextlib.contextmanager
+def _one_device():
+    """The notebook's device: "cuda:0" on a GPU machine, else the CPU on one thread (a
+    simulated device is one core, as the notebook's first cell sets)."""
+    import torch
+
+    from ..hardware import devices
+    found = devices(1)
+    threads = torch.get_num_threads()
+    if found.simulated:
+        torch.set_num_threads(1)
+    try:
+        yield found.names[0]
+    finally:
+        torch.set_num_threads(threads)
+
+
+def mlp_numbers(history: dict, y_test) -> dict:
+    """What lesson 01.mlp_learns_digits reads from ``single.train``'s history: the test
+    accuracy after the last epoch, and chance (the share of the commonest digit)."""
+    import numpy as np
+    return {"accuracy": history["test_accuracy"][-1],
+            "chance": float(np.bincount(y_test).max() / len(y_test)),
+            "loss": (history["loss"][0], history["loss"][-1])}
+
+
+def _mlp_experiment() -> dict:
+    import torch
+
+    from .. import data
+    from ..torch import models, single
+    x_train, y_train = data.digits("train")
+    x_test, y_test = data.digits("test")
+    with _one_device() as device:        # the notebook's training cell, without the bar
+        torch.manual_seed(0)
+        history = single.train(models.mlp((64, 256, 256, 128, 10)), x_train, y_train, epochs=8,
+                               batch_size=64, lr=1e-3, x_test=x_test, y_test=y_test,
+                               device=device, progress=False)
+    return mlp_numbers(history, y_test)
+
+
+@lessons.lesson("01.mlp_learns_digits",
+                "the MLP learns the digits: after 8 epochs its test accuracy is above 90 % "
+                "(guessing the commonest digit gets about 10 %)",
+                _mlp_experiment)
+def mlp_learns_digits(m: dict):
+    first, last = m["loss"]
+    figures = f"test accuracy {m['accuracy']:.1%} (commonest digit {m['chance']:.1%})"
+    return (m["accuracy"] > 0.9, figures,
+            f"the training loss went from {first:.3f} to {last:.3f} in 8 epochs")
+
+
+def throughput_sweep(device="cpu", batch_sizes=SWEEP, steps: int = 20):
+    """The notebook's sweep: ``single.throughput`` of the course's MLP on the digits for
+    each batch size; returns (its rows, the share of the sweep's time this thread
+    waited for a core, measured by Linux; 0.0 where not measured)."""
+    from .. import core_waits, data
+    from ..torch import models, single
+    x, y = data.digits("train")
+    start, waited = time.perf_counter(), core_waits.read_seconds()
+    rows = single.throughput(models.mlp, x, y, list(batch_sizes), steps=steps, device=device)
+    return rows, (core_waits.read_seconds() - waited) / (time.perf_counter() - start)
+
+
+def throughput_numbers(rows: list, core_wait: float = 0.0, device: str = "cpu") -> dict:
+    """What lesson 01.throughput_grows_then_levels reads from a sweep: batch sizes, step
+    seconds (medians), the core-wait share and the load average while it ran."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return {"batch": [r["batch_size"] for r in rows], "step_s": [r["step_s"] for r in rows],
+            "core_wait": core_wait, "load": load, "device": device}
+
+
+def _throughput_experiment() -> dict:
+    with _one_device() as device:
+        rows, core_wait = throughput_sweep(device)
+    return throughput_numbers(rows, core_wait, device)
+
+
+@lessons.lesson("01.throughput_grows_then_levels",
+                "throughput grows with the batch while fixed per-step costs dominate (on the "
+                "sweep's first step up, the step time at most doubles) and levels off once "
+                "the device is saturated (on its last step up, at most 1.5x the samples per "
+                "second)",
+                _throughput_experiment)
+def throughput_grows_then_levels(m: dict):
+    b, t = m["batch"], m["step_s"]
+    first, last = t[1] / t[0], t[-1] / t[-2]           # step time ratios
+    gain_first, gain_last = b[1] / b[0] / first, b[-1] / b[-2] / last
+    figures = (f"batch {b[0]} -> {b[1]}: step time x{first:.2f}, throughput x{gain_first:.2f}; "
+               f"batch {b[-2]} -> {b[-1]}: step time x{last:.2f}, throughput x{gain_last:.2f}")
+    grows, levels = first <= 2.0, gain_last <= 1.5
+    why = []
+    if not grows:
+        why.append(f"the step time more than doubled from batch {b[0]} to {b[1]}: fixed costs "
+                   f"did not dominate even the smallest batches")
+    if not levels:
+        why.append(f"the step time grew only x{last:.2f} for x{b[-1] // b[-2]} the batch: "
+                   f"{m['device']} was not saturated at batch {b[-1]}")
+    why.append(f"{m['core_wait']:.0%} of the sweep waiting for a core, load average "
+               f"{m['load']:.1f}")
+    return grows and levels, figures, "; ".join(why)
+
+
+OTHER_MODELS = {   # name: (model, data set, epochs, learning rate, batch size)
+    "CNN, digits": (lambda models: models.cnn(16), "digits", 4, 1e-3, 32),
+    "deep LSTM, waves": (lambda models: models.deep_lstm(layers=3, hidden=32), "waves", 6, 3e-3, 32),
+    "U-Net, shapes (pixels)": (lambda models: models.unet(8), "shapes", 60, 3e-3, 16),
+}
+
+
+def _other_data(name: str):
+    from .. import data
+    if name == "digits":
+        return (data.digits("train", flat=False)[0], data.digits("train")[1],
+                data.digits("test", flat=False)[0], data.digits("test")[1])
+    if name == "waves":
+        return (*data.waves(1024, seed=0), *data.waves(256, seed=1))
+    return (*data.shapes(192, seed=0), *data.shapes(64, seed=1))
+
+
+def score(pred, y) -> float:
+    """A classifier's accuracy; for masks (one label per pixel), the mean IoU of the
+    foreground classes (all but class 0, the background): the pixels both the prediction
+    and the mask give a class, over those either gives it. Pixel accuracy would flatter
+    a model that paints everything background, as most pixels are."""
+    import numpy as np
+    if y.ndim == 1:
+        return float((pred == y).mean())
+    ious = [((pred == c) & (y == c)).sum() / ((pred == c) | (y == c)).sum()
+            for c in range(1, int(y.max()) + 1) if ((pred == c) | (y == c)).any()]
+    return float(np.mean(ious))
+
+
+def train_other_models(device="cpu") -> dict:
+    """Train each of ``OTHER_MODELS`` from seed 0; per model its settings, its loss
+    (first, last step), its score on the test data before and after (``score``), and the
+    score of predicting the commonest training label for every sample (or pixel)."""
+    import numpy as np
+    import torch
+
+    from ..torch import models, single
+    out = {}
+    for name, (make, data_set, epochs, lr, batch) in OTHER_MODELS.items():
+        xtr, ytr, xte, yte = _other_data(data_set)
+        torch.manual_seed(0)
+        model = make(models).to(device)
+
+        def test_score():
+            model.eval()
+            with torch.no_grad():
+                return score(model(torch.as_tensor(xte, device=device)).argmax(1).cpu().numpy(), yte)
+        before = test_score()
+        h = single.train(model, xtr, ytr, epochs=epochs, batch_size=batch, lr=lr,
+                         device=device, progress=False)
+        out[name] = {"epochs": epochs, "lr": lr, "batch": batch, "before": before,
+                     "after": test_score(), "loss": (h["loss"][0], h["loss"][-1]),
+                     "baseline": score(np.full_like(yte, np.bincount(ytr.ravel()).argmax()), yte),
+                     "measure": "accuracy" if yte.ndim == 1 else "mean IoU of disc and square",
+                     "model": model}
+    return out
+
+
+def other_models_numbers(runs: dict) -> dict:
+    """What lesson 01.models_learn_their_data reads from ``train_other_models``."""
+    return {name: {k: v for k, v in r.items() if k != "model"} for name, r in runs.items()}
+
+
+def _other_models_experiment() -> dict:
+    with _one_device() as device:
+        return other_models_numbers(train_other_models(device))
+
+
+@lessons.lesson("01.models_learn_their_data",
+                "each of the CNN, the deep LSTM and the U-Net learns its data: on test data "
+                "it gets at least halfway from predicting the commonest label to perfect "
+                "(accuracy; for the U-Net's pixels, the mean IoU of disc and square, where "
+                "painting everything background scores 0)",
+                _other_models_experiment)
+def models_learn_their_data(m: dict):
+    figures = ", ".join(f"{name.split(',')[0]} {r['measure']} {r['after']:.2f} (commonest label "
+                        f"{r['baseline']:.2f})" for name, r in m.items())
+    short = [name for name, r in m.items() if r["after"] < (1 + r["baseline"]) / 2]
+    why = "; ".join(f"{name.split(',')[0]} only {m[name]['after']:.2f} after {m[name]['epochs']} "
+                    f"epochs, its training loss {m[name]['loss'][0]:.3f} -> "
+                    f"{m[name]['loss'][1]:.3f}" for name in short)
+    return not short, figures, why

@@ -1,7 +1,17 @@
-"""Lab 02 (labs/02_manual_split.ipynb): its exercises (a split's balance, the bytes it sends)."""
+"""Lab 02 (labs/02_manual_split.ipynb): what its notebook runs (the MLP split, the
+convolution splits), its exercises (a split's balance, the bytes it sends), its lessons."""
 from __future__ import annotations
 
+from ..launcher import launch
+from ..split import SplitConfig
+from . import lessons
 from .exercise import Exercise, check, register  # noqa: F401 (labNN.check)
+
+# the lab's two models: the MLP split after module 3, and the convolutions to balance
+MLP = SplitConfig(sizes=(64, 256, 256, 128, 10), bounds=[4], batch_size=64, steps=150,
+                  optimizer="adam", lr=1e-3)
+CONV = SplitConfig(model="conv_stack", width=32, batch_size=64, steps=30)
+BY_PARAMS, BY_TIME = "split by parameters", "split by measured time"
 
 
 def check_split(bounds, costs, n_devices: int, names=None) -> float:
@@ -61,3 +71,204 @@ register(Exercise(
          "float32 numbers (4 bytes each). Think about the backward pass too: what must come "
          "back across the same cut, and how big is it?",
 ))
+
+
+# ------------------------------------------------------------------ what the lab runs
+def conv_layer_times(model, cfg: SplitConfig, passes: int = 5) -> list[float]:
+    """Forward + backward seconds of each layer of ``model`` on one thread (like one
+    simulated device), on a batch of ``cfg``'s shape: the median of ``passes`` passes over
+    all the layers, so that a burst of other work stretches one pass, not every sample
+    of one layer."""
+    import numpy as np
+    import torch
+
+    from ..torch import split
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        x = torch.zeros(split.input_shape(cfg))
+        return [float(t) for t in np.median([split.layer_times(model, x)
+                                             for _ in range(passes)], axis=0)]
+    finally:
+        torch.set_num_threads(threads)
+
+
+def compute_per_step(timeline, skip: int = 2) -> list[float]:
+    """Each rank's compute seconds in a step (waiting for a core not counted): the median
+    over the steps after the first ``skip``. A rank's step runs from its ``forward``
+    span to its next one."""
+    import bisect
+    import statistics
+    out = []
+    for r in timeline.ranks:
+        starts = sorted(s.start for s in timeline.spans if s.rank == r and s.name == "forward")
+        steps = [0.0] * len(starts)
+        for s in timeline.spans:
+            if s.rank == r and s.kind == "compute":
+                k = bisect.bisect_right(starts, s.start) - 1
+                if k >= 0:
+                    steps[k] += s.duration
+        out.append(statistics.median(steps[skip:] or steps or [0.0]))
+    return out
+
+
+def balance_runs(model, times, devices=None, cfg: SplitConfig = CONV) -> dict:
+    """``cfg``'s model on 2 ranks, split by parameters and by the measured ``times``:
+    {label: (bounds, compute per step of each rank, LaunchResult)}."""
+    from dataclasses import replace
+
+    from ..hardware import devices as find_devices
+    from ..torch import split
+    devices = devices or find_devices(2)
+    out = {}
+    for label, bounds in ((BY_PARAMS, split.split_by_params(model, 2)),
+                          (BY_TIME, split.balance(times, 2))):
+        res = launch(split.train_split, 2, kwargs=dict(cfg=replace(cfg, bounds=bounds)),
+                     devices=devices)
+        out[label] = (bounds, compute_per_step(res.timeline), res)
+    return out
+
+
+# ------------------------------------------------------------------ lessons
+def _overlaps(timeline, names) -> str:
+    """Where two ranks computed at once (spans called ``names``): the pair that did most."""
+    lanes = {r: [s for s in timeline.spans if s.rank == r and s.kind == "compute"
+                 and s.name in names] for r in timeline.ranks}
+    pairs: dict[tuple, float] = {}
+    for a in timeline.ranks:
+        for b in (r for r in timeline.ranks if r > a):
+            for x in lanes[a]:
+                for y in lanes[b]:
+                    both = min(x.end, y.end) - max(x.start, y.start)
+                    if both > 0:
+                        key = (x.name, a, y.name, b)
+                        pairs[key] = pairs.get(key, 0.0) + both
+    if not pairs:
+        return ""
+    (na, a, nb, b), secs = max(pairs.items(), key=lambda kv: kv[1])
+    return f"{na} on rank {a} beside {nb} on rank {b} ({secs * 1e3:.1f} ms in all)"
+
+
+def one_at_a_time_numbers(run) -> dict:
+    """What lesson 02.one_device_at_a_time reads from the MLP split's run: the share of
+    the time any rank computes during which exactly one does, with and without the
+    optimizer updates, and where two computed at once outside the updates."""
+    tl = run.timeline
+
+    def alone(timeline):
+        conc = timeline.concurrency("compute")
+        return conc.get(1, 0.0) / (sum(v for k, v in conc.items() if k >= 1) or 1.0)
+    work = {s.name for s in tl.spans if s.kind == "compute" and s.name != "update"}
+    return {"alone": alone(tl), "alone_outside_updates": alone(tl.filter(names=work)),
+            "overlap": _overlaps(tl, work)}
+
+
+def step_numbers(run, one) -> dict:
+    """What lesson 02.split_not_faster reads: the median warm step of the split (``run``)
+    and of one device (``one``), the share of their time spent waiting for a core, and
+    the last stage's update (the one piece of work the split overlaps)."""
+    import statistics
+
+    from ..steps import step_seconds
+    last = run.timeline.ranks[-1]
+    updates = [s.duration for s in run.timeline.spans if s.rank == last and s.name == "update"]
+    return {"split_step": step_seconds(run.timeline, "forward"),
+            "one_step": step_seconds(one.timeline, "forward"),
+            "core_wait_split": lessons.core_wait_share(run.timeline, run.timeline.ranks),
+            "core_wait_one": lessons.core_wait_share(one.timeline, one.timeline.ranks),
+            "update": statistics.median(updates[2:] or updates or [0.0])}
+
+
+def _mlp_experiment() -> dict:
+    from dataclasses import replace
+
+    from ..hardware import devices
+    from ..torch import split
+    run = launch(split.train_split, 2, kwargs=dict(cfg=MLP), devices=devices(2))
+    one = launch(split.train_split, 1, kwargs=dict(cfg=replace(MLP, bounds=[])))
+    return {**one_at_a_time_numbers(run), **step_numbers(run, one)}
+
+
+@lessons.lesson("02.one_device_at_a_time",
+                "in a manual split only one device computes at a time: outside the "
+                "optimizer updates (which need no other stage's data), at least 95 % of the "
+                "time any device computes has exactly one device computing",
+                _mlp_experiment)
+def one_device_at_a_time(m: dict):
+    a = m["alone_outside_updates"]
+    figures = (f"one device computing for {a:.1%} of the compute time outside the updates "
+               f"({m['alone']:.1%} with the updates counted)")
+    why = f"two devices computed at once for {1 - a:.1%} of it"
+    if m["overlap"]:
+        why += f", most of all {m['overlap']}"
+    return a >= 0.95, figures, why
+
+
+@lessons.lesson("02.split_not_faster",
+                "a split step is at best as fast as one device's, plus the time spent "
+                "moving tensors: the stages run one after another (the split's median step "
+                "at least 1.0x the single device's)",
+                _mlp_experiment)
+def split_not_faster(m: dict):
+    ratio = m["split_step"] / m["one_step"]
+    figures = (f"split step {m['split_step'] * 1e3:.2f} ms = {ratio:.2f}x one device's "
+               f"{m['one_step'] * 1e3:.2f} ms (medians over warm steps)")
+    why = (f"the single device spent {m['core_wait_one']:.0%} of its time waiting for a core, "
+           f"the split's ranks {m['core_wait_split']:.0%}; the split overlaps the last "
+           f"stage's update ({m['update'] * 1e3:.2f} ms) with the first stage's backward")
+    return ratio >= 1.0, figures, why
+
+
+def _identical_layers(model, times):
+    """The identical layers (same module, same input) that took the most time, and their
+    measured times: a layer-time measurement is only as good as their agreement."""
+    groups: dict[str, list[float]] = {}
+    for m, t in zip(model, times):
+        groups.setdefault(repr(m), []).append(t)
+    same = [(name, ts) for name, ts in groups.items() if len(ts) > 1]
+    if not same:
+        return None
+    name, ts = max(same, key=lambda g: sum(g[1]))
+    return {"layer": name.split("(")[0], "times": ts}
+
+
+def balance_numbers(times, runs: dict, model=None) -> dict:
+    """What lesson 02.split_by_time_balances reads: per split (``balance_runs``' labels)
+    the busiest-over-mean compute, predicted from the layer ``times`` and measured (each
+    rank's median step), the ranks' share of time waiting for a core, and how far apart
+    the times of ``model``'s identical layers were."""
+    from ..split import imbalance
+    return {"predicted": {k: imbalance(times, b) for k, (b, _, _) in runs.items()},
+            "measured": {k: max(busy) / (sum(busy) / len(busy))
+                         for k, (_, busy, _) in runs.items()},
+            "core_wait": {k: lessons.core_wait_share(r.timeline, r.timeline.ranks)
+                          for k, (_, _, r) in runs.items()},
+            "identical": None if model is None else _identical_layers(model, times)}
+
+
+def _balance_experiment() -> dict:
+    from ..torch import split
+    conv = split.build(CONV)
+    times = conv_layer_times(conv, CONV)
+    return balance_numbers(times, balance_runs(conv, times), conv)
+
+
+@lessons.lesson("02.split_by_time_balances",
+                "splitting by measured time balances the stages' compute better than "
+                "splitting by parameters: the busiest stage over the mean, measured, falls "
+                "by at least half of what the layer times predict",
+                _balance_experiment)
+def split_by_time_balances(m: dict):
+    p, got = m["predicted"], m["measured"]
+    want, fell = p[BY_PARAMS] - p[BY_TIME], got[BY_PARAMS] - got[BY_TIME]
+    figures = (f"busiest/mean compute {got[BY_PARAMS]:.2f} by parameters, {got[BY_TIME]:.2f} "
+               f"by measured time (PREDICTED {p[BY_PARAMS]:.2f}, {p[BY_TIME]:.2f})")
+    cw = m["core_wait"]
+    why = (f"it fell by {fell:.2f} where the layer times predict {want:.2f}; the ranks spent "
+           f"{cw[BY_TIME]:.0%} (split by time) and {cw[BY_PARAMS]:.0%} (by parameters) of "
+           "their time waiting for a core")
+    same = m.get("identical")
+    if same and max(same["times"]) > 1.25 * min(same["times"]):
+        why += (f"; {len(same['times'])} identical {same['layer']} layers were timed "
+                + ", ".join(f"{t * 1e3:.2f}" for t in same["times"]) + " ms")
+    return want > 0 and fell >= want / 2, figures, why

@@ -1,6 +1,8 @@
 """Lab 03 (labs/03_vertical_slicing.ipynb): what its notebook runs, its explorer, its exercises."""
 from __future__ import annotations
 
+from ..launcher import launch
+from . import lessons
 from .exercise import Exercise, check, register, run_on_ranks  # noqa: F401 (labNN.check)
 from .explorer import (HERE, WIDTHS, choice, cluster_choices, cluster_for, explorer,
                        refuse_unless_here, scaled_mlp, seconds_text, slider)
@@ -109,3 +111,145 @@ def tensor_parallel_explorer(here, *, batch: int = 64):
                 "scheme": choice("scheme", ["column_row", "naive"]),
                 "cluster": choice("cluster", cluster_choices(here))}
     return explorer(predict, controls, measure=measure)
+
+
+# ------------------------------------------------------------------ lessons
+SIZES = (64, 256, 256, 128, 10)     # the course's MLP, as the lab slices it
+BATCH = 64                          # train_sliced's batch: the same on every rank
+WARM = 2                            # the first steps pay for start-up: compare the ones after
+SWEEP_WIDTHS = (32, 128, 512, 1024)
+
+
+def _median(values) -> float:
+    import statistics
+    return float(statistics.median(values))
+
+
+def scheme_runs(steps: int = 20, devices=None, sizes=SIZES) -> dict:
+    """The MLP ``sizes`` trained sliced over 2 ranks both ways, ``steps`` steps each:
+    {"naive": LaunchResult, "column_row": LaunchResult} (the lab's comparison)."""
+    from ..hardware import devices as find_devices
+    from ..torch import tensor_parallel as tp
+    devices = devices or find_devices(2)
+    return {scheme: launch(tp.train_sliced, 2, devices=devices,
+                           kwargs=dict(sizes=sizes, scheme=scheme, steps=steps))
+            for scheme in ("naive", "column_row")}
+
+
+def scheme_numbers(runs: dict, steps: int, sizes=SIZES, warm: int = WARM) -> dict:
+    """What lessons 03.column_row_sends_less and 03.column_row_steps_faster read from
+    ``scheme_runs``, per scheme: the bytes rank 0 hands to collectives per step (traced)
+    and by the formula; collectives per step; over the warm steps (each cut at rank 0's
+    forward), the median step and the median of the ranks' mean compute, wait, transfer
+    (comm) and core wait in it; the quickest warm step; the share of the ranks' warm
+    time spent waiting for a core."""
+    from ..torch import tensor_parallel as tp
+    out = {}
+    for scheme, res in runs.items():
+        tl, per = res.timeline, []
+        for k in range(warm, steps):
+            st = tl.step(k)
+            per.append({"step": st.duration,
+                        **{kind: sum(st.seconds_by_kind(r)[kind] for r in st.ranks) / len(st.ranks)
+                           for kind in ("compute", "wait", "comm", "core_wait")}})
+        out[scheme] = {**{key: _median(p[key] for p in per) for key in per[0]},
+                       "quickest": min(p["step"] for p in per),
+                       "bytes": tl.comm_bytes(0) / steps,
+                       "formula": tp.expected_comm_bytes(sizes, BATCH, len(res.results),
+                                                         scheme)["total"],
+                       "collectives": sum(s.rank == 0 and s.kind == "comm" for s in tl) / steps,
+                       "core_wait_share": lessons.core_wait_share(
+                           tl.step(warm, count=steps - warm), tl.ranks)}
+    return out
+
+
+def _schemes_experiment() -> dict:
+    return scheme_numbers(scheme_runs(), 20)
+
+
+@lessons.lesson("03.column_row_sends_less",
+                "column-then-row hands its collectives fewer bytes per step than naive "
+                "slicing, and the bytes traced on a rank are exactly those the formula "
+                "tp.expected_comm_bytes counts",
+                _schemes_experiment)
+def column_row_sends_less(m: dict):
+    nv, cr = m["naive"], m["column_row"]
+    figures = (f"column-then-row {cr['bytes']:,.0f} bytes per step, naive {nv['bytes']:,.0f} "
+               f"({cr['bytes'] / nv['bytes']:.2f}x); formula {cr['formula']:,} and "
+               f"{nv['formula']:,}")
+    off = [s for s in ("naive", "column_row") if m[s]["bytes"] != m[s]["formula"]]
+    why = (f"the traced bytes of {' and '.join(off)} differ from the formula: an exchange "
+           "bypassed the traced layer, or the formula miscounts" if off
+           else "column-then-row sent as many bytes as naive or more")
+    return not off and cr["bytes"] < nv["bytes"], figures, why
+
+
+@lessons.lesson("03.column_row_steps_faster",
+                "column-then-row, with fewer collectives per step, takes at least 10 % less "
+                "time per step than naive slicing (median warm steps)",
+                _schemes_experiment)
+def column_row_steps_faster(m: dict):
+    nv, cr = m["naive"], m["column_row"]
+    ratio = cr["step"] / nv["step"]
+    figures = (f"column-then-row {cr['step'] * 1e3:.2f} ms per step, naive "
+               f"{nv['step'] * 1e3:.2f} ms ({ratio:.2f}x); in collectives (wait + transfer) "
+               f"{(cr['wait'] + cr['comm']) * 1e3:.2f} and "
+               f"{(nv['wait'] + nv['comm']) * 1e3:.2f} ms; "
+               f"{cr['collectives']:.0f} and {nv['collectives']:.0f} collectives per step")
+    why = (f"the ranks waited for a core {cr['core_wait_share']:.0%} (column-then-row) and "
+           f"{nv['core_wait_share']:.0%} (naive) of the warm steps; their quickest warm steps: "
+           f"{cr['quickest'] * 1e3:.2f} and {nv['quickest'] * 1e3:.2f} ms "
+           f"({cr['quickest'] / nv['quickest']:.2f}x)")
+    return ratio <= 0.9, figures, why
+
+
+def sweep_runs(counts=(2, 4), widths=SWEEP_WIDTHS) -> dict:
+    """``tp.width_sweep`` on n ranks for each n of ``counts``: {n: LaunchResult}."""
+    from ..hardware import devices as find_devices
+    from ..torch import tensor_parallel as tp
+    return {n: launch(tp.width_sweep, n, devices=find_devices(n), kwargs=dict(widths=widths))
+            for n in counts}
+
+
+def sweep_numbers(runs: dict) -> dict:
+    """What lesson 03.slicing_pays_for_wide_layers reads from ``sweep_runs``: per number
+    of ranks and width, the share of the sliced steps the ranks spent in collectives (wait
+    + transfer) and waiting for a core (means over the ranks), and the speed-up over one
+    device (its step measured on rank 0 while the others wait)."""
+    out = {}
+    for n, res in runs.items():
+        for w, r in res.results[0].items():
+            win, (t0, t1) = res.timeline.window(*r["window"]), r["window"]
+            secs = [win.seconds_by_kind(k) for k in win.ranks]
+            per_rank = len(secs) * (t1 - t0)
+            out[n, w] = {"comm_share": sum(s["comm"] + s["wait"] for s in secs) / per_rank,
+                         "core_wait_share": sum(s["core_wait"] for s in secs) / per_rank,
+                         "speed_up": r["dense_step"] / r["sliced_step"]}
+    return out
+
+
+def _sweep_experiment() -> dict:
+    return sweep_numbers(sweep_runs(counts=(2,)))
+
+
+@lessons.lesson("03.slicing_pays_for_wide_layers",
+                "sliced column-then-row over 2 devices, narrow layers lose to one device and "
+                "wide ones gain on it: the speed-up over one device is below 1x at width 32, "
+                "and at least twice as high at width 1024 (the arithmetic grows with width², "
+                "the exchanged activations only with width)",
+                _sweep_experiment)
+def slicing_pays_for_wide_layers(m: dict):
+    lo, hi = SWEEP_WIDTHS[0], SWEEP_WIDTHS[-1]
+    narrow, wide = m[2, lo], m[2, hi]
+    gain = wide["speed_up"] / narrow["speed_up"]
+    figures = (f"on 2 devices, speed-up {narrow['speed_up']:.2f}x at width {lo}, "
+               f"{wide['speed_up']:.2f}x at width {hi} ({gain:.1f} times as high; "
+               f"{narrow['comm_share']:.0%} and {wide['comm_share']:.0%} of the sliced step "
+               "in collectives)")
+    failed = ([f"slicing beat one device even at width {lo}"] if narrow["speed_up"] >= 1
+              else []) + ([f"width {hi} gained only {gain:.1f}x on width {lo}"] if gain < 2
+                          else [])
+    why = "; ".join(failed + [f"the ranks waited for a core {narrow['core_wait_share']:.0%} "
+                              f"(width {lo}) and {wide['core_wait_share']:.0%} (width {hi}) "
+                              "of the sliced steps"])
+    return narrow["speed_up"] < 1 and gain >= 2, figures, why

@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 
 from ..launcher import LaunchResult, launch
+from ..split import SplitConfig
+from . import lessons
 from .exercise import Exercise, check, register  # noqa: F401 (labNN.check)
 from .explorer import (HERE, choice, cluster_choices, cluster_for, explorer,
                        refuse_unless_here, seconds_text, slider)
@@ -55,6 +57,16 @@ def check_schedule(fn, cases=((2, 4), (3, 5), (4, 8))):
     return fn
 
 
+def typical_step(timeline, stages: int, micro_batches: int) -> tuple[float, float]:
+    """(start, end) of the warm step (the first pays for start-up) nearest the median warm
+    step: the step to draw, where the last one may be an outlier."""
+    from ..torch.pipeline import step_windows
+    windows = step_windows(timeline, stages, micro_batches)
+    warm = windows[1:] or windows
+    median = _median([b - a for a, b in warm])
+    return min(warm, key=lambda w: abs(w[1] - w[0] - median))
+
+
 def _pipeline_step_time(stages, micro_batches, forward_s, backward_s):
     from ..pipeline import one_f_one_b, simulate
     return simulate(one_f_one_b(stages, micro_batches), stages, micro_batches,
@@ -83,8 +95,8 @@ def pipeline_explorer(cfg, here=None, costs=None):
     without them only the GPU clusters are offered. The prediction is
     ``sim.pipeline``: GPipe and 1F1B cut where this lab's executor cuts
     (``pipeline.stage_bounds``), interleaved balanced by cost; "measure it here" runs
-    ``run_pipeline(cfg, p, m, schedule)`` on p ranks and draws its last step
-    next to the prediction for the same stages.
+    ``run_pipeline(cfg, p, m, schedule)`` on p ranks and draws its typical step
+    (``typical_step``) next to the prediction for the same stages.
     """
     from .. import sim
     from ..metrics import pipeline_bubble
@@ -122,7 +134,7 @@ def pipeline_explorer(cfg, here=None, costs=None):
         if schedule not in ("gpipe", "1f1b"):
             raise ValueError("this lab's executor runs gpipe and 1f1b: choose one of them")
         res = run_pipeline(cfg, p, m, schedule)
-        window = pipeline.step_windows(res.timeline, p, m)[-1]
+        window = typical_step(res.timeline, p, m)
         # module index -> Linear layer index (the MLP alternates Linear and ReLU)
         bounds = [b // 2 for b in pipeline.prepare(cfg, p, m, schedule)[0].bounds]
         return res.timeline.window(*window), predicted(p, m, schedule, cluster, bounds)
@@ -133,3 +145,154 @@ def pipeline_explorer(cfg, here=None, costs=None):
                 "schedule": choice("schedule", ["1f1b", "gpipe", "interleaved"]),
                 "cluster": choice("cluster", clusters)}
     return explorer(predict, controls, measure=measure)
+
+
+# ------------------------------------------------------------------ lessons
+# The notebook's two models: PIPE for time (32 hidden layers of 256, a batch of 840, which
+# divides into any m from 1 to 8), LIGHT for memory (small: it is about counts, not time).
+PIPE = SplitConfig(sizes=(64, *[256] * 32, 10), batch_size=840, steps=5, lr=0.01)
+LIGHT = SplitConfig(sizes=(64, 64, 64, 64, 64, 10), batch_size=64, steps=1, lr=0.1)
+MICRO_BATCHES = (1, 2, 4, 8)
+
+
+def _median(xs) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return 0.0 if not n else (xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2)
+
+
+def bubble_runs(devices=None, micro_batches=MICRO_BATCHES, made=None,
+                cfg: SplitConfig = PIPE, schedule: str = "1f1b") -> dict:
+    """``run_pipeline(cfg, 2, m, schedule)`` for each m: {m: LaunchResult}. made: runs
+    already made ({m: LaunchResult}), used instead of running them again."""
+    from ..hardware import devices as find_devices
+    made, devices = dict(made or {}), devices or find_devices(2)
+    return {m: made[m] if m in made else run_pipeline(cfg, 2, m, schedule, devices=devices)
+            for m in micro_batches}
+
+
+def bubble_numbers(pipes: dict, stages: int = 2, schedule: str = "1f1b") -> dict:
+    """What lessons 04.bubble_as_predicted and 04.micro_batches_pay read from
+    ``bubble_runs``: per m, medians over the warm steps (the first pays for start-up) of
+    the step and of the stages' wait + idle, core-wait and transfer shares of it; each
+    stage's median F and B; and the schedule played on paper with those
+    (``pipeline.simulate``, free messages): its step and its idle share, the bubble."""
+    from .. import pipeline
+    from ..torch.pipeline import step_windows
+    by_m = {}
+    for m, res in pipes.items():
+        tl, per = res.timeline, {"step": [], "wait_idle": [], "core_wait": [], "comm": []}
+        for a, b in step_windows(tl, stages, m)[1:]:
+            secs = [tl.window(a, b).seconds_by_kind(r) for r in range(stages)]
+            per["step"].append(b - a)
+            for key, kinds in (("wait_idle", ("wait", "idle")), ("core_wait", ("core_wait",)),
+                               ("comm", ("comm",))):
+                per[key].append(sum(s[k] for s in secs for k in kinds) / (stages * (b - a)))
+        fb = {k: [_median(s.duration for s in tl if s.rank == r and s.name[:1] == k
+                          and s.name[1:].isdigit()) for r in range(stages)] for k in "FB"}
+        paper = pipeline.simulate(pipeline.make(schedule, stages, m), stages, m, fb["F"], fb["B"])
+        by_m[m] = {k: _median(v) for k, v in per.items()} | {
+            "forward": fb["F"], "backward": fb["B"], "predicted_step": paper.duration,
+            "predicted": pipeline.bubble_share(paper),
+            "formula": (stages - 1) / (m + stages - 1),
+            "work": m * sum(fb["F"]) + m * sum(fb["B"])}     # all stages' F and B of a step
+    return {"stages": stages, "by_m": by_m}
+
+
+def _bubble_experiment() -> dict:
+    return bubble_numbers(bubble_runs())
+
+
+@lessons.lesson("04.bubble_as_predicted",
+                "in a micro-batch pipeline, the share of a step the stages spend neither "
+                "computing nor transferring (wait + idle) is the bubble that the schedule "
+                "predicts from the stages' measured F and B (pipeline.simulate; "
+                "(p-1)/(m+p-1) for equal stages): within 5 points of the step, for every m",
+                _bubble_experiment)
+def bubble_as_predicted(n: dict):
+    rows = n["by_m"]
+    figures = ("wait + idle against predicted: " + ", ".join(
+        f"m = {m} {r['wait_idle']:.2f}/{r['predicted']:.2f}" for m, r in rows.items())
+        + " (formula " + ", ".join(f"{r['formula']:.2f}" for r in rows.values()) + ")")
+    gap = {m: r["wait_idle"] - r["predicted"] for m, r in rows.items()}
+    off = [m for m in rows if abs(gap[m]) > 0.05]
+    worst = max(rows, key=lambda m: abs(gap[m]))
+    r, g = rows[worst], gap[worst]
+    if r["core_wait"] >= abs(g) / 2:
+        cause = "core contention"
+    elif r["comm"] >= abs(g) / 2:
+        cause = "the transfers"
+    else:
+        cause = "neither core waits nor transfers: the micro-batches' times varied"
+    why = (f"m = {', '.join(map(str, off))} off by more than 5 points; at m = {worst} "
+           f"{abs(g):.0%} of the step {'more' if g > 0 else 'less'} than predicted; {cause} "
+           f"(the stages waited for a core {r['core_wait']:.0%} of the step and "
+           f"transferred {r['comm']:.0%})")
+    return not off, figures, why
+
+
+@lessons.lesson("04.micro_batches_pay",
+                "with p = 2 stages, splitting the batch into micro-batches shortens the "
+                "step: the quickest of m = 2, 4, 8 is at least 1.2x quicker than m = 1 "
+                "(the bubble alone would allow 2m/(m+1), 1.8x at m = 8)",
+                _bubble_experiment)
+def micro_batches_pay(n: dict):
+    rows = n["by_m"]
+    one = rows[1]
+    best = min((m for m in rows if m > 1), key=lambda m: rows[m]["step"])
+    r = rows[best]
+    gain = one["step"] / r["step"]
+    figures = (f"m = 1 step {one['step'] * 1e3:.0f} ms, quickest m = {best} "
+               f"{r['step'] * 1e3:.0f} ms: {gain:.2f}x (predicted from the measured F and B: "
+               f"{one['predicted_step'] / r['predicted_step']:.2f}x)")
+    work = r["work"] / one["work"]
+    contention = r["core_wait"] - one["core_wait"]
+    why = (f"at m = {best} the stages waited for a core {r['core_wait']:.0%} of the step "
+           f"(m = 1: {one['core_wait']:.0%}) and a step's F and B took {work:.2f}x the "
+           "time of m = 1's (smaller micro-batches use a core less well)")
+    if contention > 0.05:
+        why = "core contention: " + why
+    return gain >= 1.2, figures, why
+
+
+def memory_runs(devices=None, cfg: SplitConfig = LIGHT, stages: int = 4,
+                micro_batches: int = 8) -> dict:
+    """GPipe and 1F1B on ``stages`` ranks: {"gpipe": LaunchResult, "1f1b": LaunchResult}."""
+    from ..hardware import devices as find_devices
+    devices = devices or find_devices(stages)
+    return {name: run_pipeline(cfg, stages, micro_batches, name, devices=devices)
+            for name in ("gpipe", "1f1b")}
+
+
+def memory_numbers(runs: dict, micro_batches: int = 8) -> dict:
+    """What lesson 04.one_f_one_b_holds_less reads from ``memory_runs``: per schedule and
+    stage, the most micro-batches held at once and their activation bytes (measured)."""
+    return {"micro_batches": micro_batches,
+            "held": {k: [r["peak_micro_batches"] for r in res.results] for k, res in runs.items()},
+            "bytes": {k: [r["peak_activation_bytes"] for r in res.results]
+                      for k, res in runs.items()}}
+
+
+def _memory_experiment() -> dict:
+    return memory_numbers(memory_runs())
+
+
+@lessons.lesson("04.one_f_one_b_holds_less",
+                "1F1B keeps the activations of at most p - s micro-batches on stage s, "
+                "GPipe those of all m",
+                _memory_experiment)
+def one_f_one_b_holds_less(n: dict):
+    m, held = n["micro_batches"], n["held"]
+    p = len(held["1f1b"])
+    bound = [min(p - s, m) for s in range(p)]
+    ratio = [a / g if g else float("nan") for a, g in zip(n["bytes"]["1f1b"], n["bytes"]["gpipe"])]
+    figures = (f"micro-batches held per stage: 1F1B {held['1f1b']} (p - s: {bound}), GPipe "
+               f"{held['gpipe']} (m = {m}); 1F1B's activation bytes at peak "
+               + ", ".join(f"{x:.2f}" for x in ratio) + " of GPipe's")
+    over = [s for s in range(p) if held["1f1b"][s] > bound[s]]
+    short = [s for s in range(p) if held["gpipe"][s] != m]
+    why = "; ".join(
+        [f"1F1B held more than p - s on stage {', '.join(map(str, over))}"] * bool(over)
+        + [f"GPipe did not hold all m on stage {', '.join(map(str, short))}"] * bool(short)
+        + ["the executor did not run the schedule as written (measured counts)"])
+    return not over and not short, figures, why

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..launcher import LaunchResult, launch
+from . import lessons
 from .exercise import Exercise, check, register, run_on_ranks  # noqa: F401 (labNN.check)
 from .explorer import (WIDTHS, bytes_text, checkbox, choice, cluster_choices, cluster_for,
                        explorer, here_costs, refuse_unless_here, scaled_mlp, seconds_text,
@@ -153,3 +154,166 @@ def data_parallel_explorer(here, measured=None, *, sizes=(64, 256, 256, 128, 10)
                 "overlap": checkbox("overlap with the backward (DDP)", True),
                 "cluster": choice("cluster", cluster_choices(here))}
     return explorer(predict, controls, measure=measure)
+
+
+# ------------------------------------------------------------------ lessons
+def ring_numbers(demo: LaunchResult) -> dict:
+    """What lesson 05.ring_sends_2_n_minus_1_over_n reads from the ring demo (``dp.ring_demo``):
+    the ranks, the tensor's bytes, and the bytes each rank handed to ``isend`` (traced)."""
+    n = len(demo.results)
+    return {"world_size": n, "tensor_bytes": int(demo.results[0]["result"].nbytes),
+            "sent": {r: sum(s.bytes for s in demo.timeline.spans
+                            if s.rank == r and s.kind == "comm" and s.name == "isend")
+                     for r in range(n)}}
+
+
+def _ring_experiment() -> dict:
+    from ..hardware import devices
+    from ..torch import data_parallel as dp
+    return ring_numbers(launch(dp.ring_demo, 4, kwargs=dict(numel=8), devices=devices(4)))
+
+
+@lessons.lesson("05.ring_sends_2_n_minus_1_over_n",
+                "in the ring all-reduce each of n ranks sends 2(n − 1)/n of the tensor, "
+                "whatever n (the bytes each rank hands to isend, traced; within 1 %)",
+                _ring_experiment)
+def ring_sends_2_n_minus_1_over_n(m: dict):
+    n, size = m["world_size"], m["tensor_bytes"]
+    want = 2 * (n - 1) / n
+    share = {r: b / size for r, b in m["sent"].items()}
+    figures = (f"each of {n} ranks sent " + ", ".join(f"{x:.3f}" for x in share.values())
+               + f" of the {size}-byte tensor (2(n − 1)/n = {want:.3f})")
+    off = [r for r, x in share.items() if abs(x - want) > 0.01 * want]
+    return not off, figures, ("rank" + "s" * (len(off) > 1) + " " + ", ".join(map(str, off))
+                              + " off the formula (traced isend bytes)")
+
+
+def run_ddp(devices=None, bucket_mb: float = 0.1, steps: int = 10) -> LaunchResult:
+    """DDP on 2 replicas of the lab's MLP, gradients in buckets of ``bucket_mb`` (0.1 MB:
+    3 buckets) averaged by the traced hook, whose all-reduces run on lanes 2 and 3."""
+    from ..hardware import devices as find_devices
+    from ..torch import data_parallel as dp
+    return launch(dp.train_data_parallel, 2, devices=devices or find_devices(2), kwargs=dict(
+        mode="ddp", global_batch=128, steps=steps, bucket_mb=bucket_mb))
+
+
+def _union_within(spans, start: float, end: float) -> float:
+    """Seconds of [start, end] covered by at least one of ``spans``."""
+    cuts = sorted((max(s.start, start), min(s.end, end)) for s in spans
+                  if s.end > start and s.start < end)
+    total, reach = 0.0, start
+    for a, b in cuts:
+        total += max(0.0, b - max(a, reach))
+        reach = max(reach, b)
+    return total
+
+
+def overlap_numbers(run: LaunchResult, skip: int = 2) -> dict:
+    """What lesson 05.buckets_overlap_backward reads from ``run_ddp``: for every warm step
+    (the first ``skip`` dropped: DDP rebuilds its buckets after the first) and rank, how
+    long its backward computed, for how much of that a bucket all-reduce was transferring
+    on its background lane, how early the first bucket started, and how long the buckets
+    waited for the other rank to join; and the ranks' share of time waiting for a core."""
+    tl, n = run.timeline, len(run.results)
+    steps = []
+    for r in range(n):
+        for start, end in tl.step_windows("forward", rank=r)[skip:]:
+            back = [s for s in tl.spans if s.rank == r and s.name == "backward"
+                    and start <= s.start < end]
+            lane = [s for s in tl.spans if s.rank == n + r and start <= s.start < end]
+            if not back or not lane:
+                continue
+            b0, b1 = back[0].start, back[0].end
+            steps.append({"rank": r, "backward_s": b1 - b0,
+                          "overlap_s": _union_within([s for s in lane if s.kind == "comm"], b0, b1),
+                          "lead_s": b1 - min(s.start for s in lane),
+                          "bucket_wait_s": sum(s.duration for s in lane if s.kind == "wait")})
+    return {"steps": steps, "ranks": n, "core_wait": lessons.core_wait_share(tl, range(n))}
+
+
+def _overlap_experiment() -> dict:
+    return overlap_numbers(run_ddp())
+
+
+@lessons.lesson("05.buckets_overlap_backward",
+                "with gradient buckets, DDP's all-reduces run while the backward pass is still "
+                "computing: on each rank, in at least half of the warm steps, a bucket is "
+                "transferring on the background lane before that rank's backward ends",
+                _overlap_experiment)
+def buckets_overlap_backward(m: dict):
+    import numpy as np
+    rows = m["steps"]
+    if not rows:
+        return False, "no warm step with a backward pass and buckets", "the run recorded none"
+    ranks = sorted({x["rank"] for x in rows})
+    hit = {r: [x["overlap_s"] > 0 for x in rows if x["rank"] == r] for r in ranks}
+    ms = {k: float(np.median([x[k] for x in rows])) * 1e3
+          for k in ("overlap_s", "backward_s", "lead_s", "bucket_wait_s")}
+    figures = ("overlap in " + ", ".join(f"{sum(h)} of {len(h)} steps on rank {r}"
+                                         for r, h in hit.items())
+               + f"; median {ms['overlap_s']:.2f} ms of a {ms['backward_s']:.2f} ms backward")
+    lead = ms["lead_s"]
+    why = ((f"DDP handed over the first bucket a median {lead:.2f} ms before the backward ended, "
+            if lead > 0 else f"DDP handed over the first bucket only {-lead:.2f} ms after the "
+            "backward ended (median), ")
+           + f"and the buckets waited a median {ms['bucket_wait_s']:.2f} ms a step for the other "
+           f"rank to join; the ranks spent {m['core_wait']:.0%} of their time waiting for a core "
+           "(forward and update: DDP's backward is not counted)")
+    return all(2 * sum(h) >= len(h) for h in hit.values()), figures, why
+
+
+def scaling_runs(counts=(1, 2, 4), steps: int = 8) -> dict:
+    """Lab 02's convolution stack under DDP, global batch 256, on each number of simulated
+    (or real) devices in ``counts``: {n: LaunchResult}."""
+    from ..hardware import devices
+    from ..torch import data_parallel as dp
+    return {n: launch(dp.train_data_parallel, n, devices=devices(n), kwargs=dict(
+        mode="ddp", model="conv_stack", global_batch=256, steps=steps, lr=0.05))
+        for n in counts}
+
+
+def scaling_numbers(runs: dict, skip: int = 2) -> dict:
+    """What lesson 05.data_parallel_scales reads from ``scaling_runs``, per device count:
+    the median warm step, rank 0's compute and wait for buckets per step, and the ranks'
+    share of time waiting for a core; and this machine's cores and load average (the
+    runnable processes over the last minute, other programs' included)."""
+    import os
+
+    import numpy as np
+    out = {}
+    for n, run in runs.items():
+        tl = run.timeline
+        warm = len(tl.step_windows("forward", rank=0)) - skip
+        secs = tl.step(skip, count=warm, rank=0).seconds_by_kind(0)
+        out[n] = {"step_s": float(np.median(run.results[0]["step_s"][skip:])),
+                  "compute_s": secs["compute"] / warm, "wait_s": secs["wait"] / warm,
+                  "core_wait": lessons.core_wait_share(tl, range(n))}
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return {"devices": out, "cores": cores or 1, "load": load}
+
+
+def _scaling_experiment() -> dict:
+    return scaling_numbers(scaling_runs())
+
+
+@lessons.lesson("05.data_parallel_scales",
+                "with a core for every device, data parallel on 2 devices takes a step at least "
+                "1.5x faster than one device on the same global batch (three quarters of the "
+                "ideal 2x: the all-reduce and the machine's other work take the rest)",
+                _scaling_experiment)
+def data_parallel_scales(m: dict):
+    d = m["devices"]
+    one = d[1]["step_s"]
+    figures = ", ".join(f"{n} device{'s' * (n > 1)} {one / x['step_s']:.2f}x"
+                        for n, x in d.items() if n > 1) + " one device (median warm step)"
+    two = d[2]
+    share = two["compute_s"] / d[1]["compute_s"]
+    why = (f"on 2 devices rank 0 computed its half batch in {share:.0%} of one device's "
+           f"time for the whole batch (ideal 50 %), waited {two['wait_s'] * 1e3:.1f} ms a step "
+           f"for the gradient buckets, and the ranks spent {two['core_wait']:.0%} of their time "
+           "waiting for a core (forward and update: DDP's backward is not counted); "
+           f"the machine's load average was {m['load']:.1f} on {m['cores']} cores")
+    if m["cores"] < 2:
+        why = f"this machine has {m['cores']} core, not one per device; " + why
+    return one / two["step_s"] >= 1.5, figures, why

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..launcher import launch
+from . import lessons
 from .exercise import Exercise, check, register, run_on_ranks  # noqa: F401 (labNN.check)
 from .explorer import (HERE, choice, cluster_choices, cluster_for, explorer,
                        refuse_unless_here, slider)
@@ -174,3 +175,52 @@ def parameter_server_explorer(here, measured=None, net=None, *, per_worker: int 
                 "mode": choice("server", ["sync", "async"]),
                 "cluster": choice("cluster", cluster_choices(here))}
     return explorer(predict, controls, measure=measure)
+
+
+# ------------------------------------------------------------------ lessons
+STRAGGLER = {2: 3.0}    # worker rank 2 computes 3x slower (emulated: it idles for the rest)
+
+
+def straggler_runs(devices=None, update=None, steps: int = 100, model: str = "cnn") -> dict:
+    """The synchronous and the asynchronous server (rank 0) with two workers, rank 2 of
+    them emulated 3x slower: {"sync": LaunchResult, "async": LaunchResult}."""
+    from ..hardware import devices as find_devices
+    from ..torch import parameter_server as ps
+    devices = devices or find_devices(3)
+    rule = {} if update is None else {"update": update}    # None: the server's own rule
+    return {mode: launch(ps.train_parameter_server, 3, devices=devices, kwargs=dict(
+        mode=mode, model=model, global_batch=64, steps=steps, lr=0.2, slow=STRAGGLER, **rule))
+        for mode in ("sync", "async")}
+
+
+def straggler_numbers(runs: dict) -> dict:
+    """What lesson 06.async_beats_sync reads from ``straggler_runs``: samples per second
+    of each mode, how many times fewer gradients the slow worker pushed than the fast
+    one when nobody waited for it (asynchronous: its measured slowdown), and the share
+    of the workers' time spent waiting for a core."""
+    from ..torch import parameter_server as ps
+    applied = runs["async"].results[0]["applied"]
+    pushes = {w: sum(a["worker"] == w for a in applied) for w in (1, 2)}
+    return {"speed": {m: ps.throughput(r.results, 64) for m, r in runs.items()},
+            "slowdown": pushes[1] / max(pushes[2], 1),
+            "core_wait": max(lessons.core_wait_share(r.timeline, (1, 2)) for r in runs.values())}
+
+
+def _straggler_experiment() -> dict:
+    return straggler_numbers(straggler_runs())
+
+
+@lessons.lesson("06.async_beats_sync",
+                "with one worker 3x slower, the asynchronous server trains on more samples "
+                "per second than the synchronous one (at least 1.25x; without communication "
+                "costs, (s + 1) / 2 = 2x for a worker s = 3 times slower)",
+                _straggler_experiment)
+def async_beats_sync(m: dict):
+    ratio = m["speed"]["async"] / m["speed"]["sync"]
+    s = m["slowdown"]
+    figures = (f"async {ratio:.2f}x sync; the slow worker pushed {s:.1f}x fewer gradients "
+               f"than the fast one (no-communication model for that slowdown: {(s + 1) / 2:.2f}x)")
+    why = f"the workers spent up to {m['core_wait']:.0%} of their time waiting for a core"
+    if s < 2.5:
+        why += f", and the slow worker was only {s:.1f}x slower"
+    return ratio >= 1.25, figures, why

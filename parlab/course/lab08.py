@@ -5,6 +5,7 @@ import math
 
 from ..launcher import LaunchResult, launch
 from ..split import share
+from . import lessons
 from .exercise import Exercise, check, register, run_on_ranks  # noqa: F401 (labNN.check)
 
 
@@ -211,3 +212,45 @@ def plot_zero_steps(run, variants=("ddp", "zero1", "zero2", "zero3"), *, rank: i
                   for s in step.spans]
     return plot.timeline(Timeline(spans, labels), color_by="axis", names=False,
                          title=title or f"rank {rank}, the quickest step of each (measured)")
+
+
+# ------------------------------------------------------------------ lessons
+def zero_numbers(run: LaunchResult, steps: int, variants=None) -> dict:
+    """What lab 08's lessons read from ``run_zero``: per variant, the bytes rank 0 keeps
+    (parameters, gradients, optimizer state) and sends per step, both measured."""
+    from ..torch import zero
+    rows = zero.summary(run.results, run.timeline, steps, variants or zero.VARIANTS)
+    return {"held": {r["variant"]: sum(r["held"][p] for p in ("parameters", "gradients",
+                                                              "optimizer state")) for r in rows},
+            "sent": {r["variant"]: r["sent"] for r in rows}, "devices": len(run.results)}
+
+
+def _zero_experiment() -> dict:
+    variants = ("ddp", "zero1", "zero2", "zero3")
+    return zero_numbers(run_zero(variants=variants, steps=3), 3, variants)
+
+
+@lessons.lesson("08.zero3_sends_half_again",
+                "per step, ZeRO stages 1 and 2 send the bytes of plain data parallel, and "
+                "stage 3 1.5x as many (it gathers the parameters again for the backward "
+                "pass), each within 5 %",
+                _zero_experiment)
+def zero3_sends_half_again(m: dict):
+    ratio = {v: m["sent"][v] / m["sent"]["ddp"] for v in ("zero1", "zero2", "zero3")}
+    figures = ", ".join(f"{v} {r:.2f}x" for v, r in ratio.items()) + " the bytes of data parallel"
+    want = {"zero1": 1.0, "zero2": 1.0, "zero3": 1.5}
+    off = [v for v in ratio if abs(ratio[v] - want[v]) > 0.05 * want[v]]
+    return not off, figures, f"{', '.join(off)} off the paper's count (traced bytes per step)"
+
+
+@lessons.lesson("08.zero3_keeps_a_share",
+                "with N devices, ZeRO-3 keeps at most 1/N of plain data parallel's "
+                "parameters, gradients and optimizer state on a device, plus at most 5 % "
+                "for the layers that do not divide evenly",
+                _zero_experiment)
+def zero3_keeps_a_share(m: dict):
+    n = m["devices"]
+    share = m["held"]["zero3"] / m["held"]["ddp"]
+    figures = (f"ZeRO-3 keeps {share:.3f} of data parallel's bytes on rank 0 of {n} "
+               f"(1/N = {1 / n:.3f})")
+    return share <= 1.05 / n, figures, "more than 1/N + 5 % stays on rank 0 (measured tensors)"

@@ -4,16 +4,18 @@ Sized and coloured to read on a projector: large labels, one lane per device, on
 per kind of time. Figures are closed before they are returned, so a notebook shows each
 exactly once (as the cell's value), and nothing piles up in pyplot's registry.
 
-One palette for the whole course: every kind of time (compute, transfer, wait, idle,
-predicted) and every common phase (forward, backward, update, data; F and B of a
+One palette for the whole course: every kind of time (compute, transfer, wait, waiting
+for a core, idle, predicted) and every common phase (forward, backward, update, data; F and B of a
 pipeline) has the same colour in every figure of every lab. The colours are Okabe and
 Ito's ("Color Universal Design", 2008), told apart with every common colour-vision
-deficiency; waiting is also hatched, so it never reads as transfer, even in grey.
+deficiency; waiting is also hatched, so it never reads as transfer, even in grey, and
+waiting for a core is a darker grey than idle, cross-hatched: the rank was ready, the
+machine was not.
 Legends sit beside the axes, never on the data; a bar's name is written only where it fits.
 """
 from __future__ import annotations
 
-from ..trace import COMM, COMPUTE, IDLE, WAIT
+from ..trace import COMM, COMPUTE, CORE_WAIT, IDLE, WAIT
 
 # Okabe-Ito (2008): eight colours distinguishable with protan, deutan and tritan vision.
 OKABE_ITO = {"black": "#000000", "orange": "#E69F00", "sky blue": "#56B4E9",
@@ -21,10 +23,11 @@ OKABE_ITO = {"black": "#000000", "orange": "#E69F00", "sky blue": "#56B4E9",
              "vermillion": "#D55E00", "reddish purple": "#CC79A7"}
 PREDICTED = "predicted"     # a kind of its own in figures: drawn by the cost model, not measured
 COLORS = {COMPUTE: OKABE_ITO["blue"], COMM: OKABE_ITO["orange"], WAIT: OKABE_ITO["vermillion"],
-          IDLE: "#E4E4E4", PREDICTED: OKABE_ITO["black"]}
-HATCHES = {WAIT: "///", PREDICTED: ".."}   # wait striped: never mistaken for transfer
-LABELS = {COMPUTE: "compute", COMM: "transfer", WAIT: "wait", IDLE: "idle",
-          PREDICTED: "predicted (cost model)"}
+          CORE_WAIT: "#8C8C8C", IDLE: "#E4E4E4", PREDICTED: OKABE_ITO["black"]}
+# wait striped: never mistaken for transfer; a core wait crossed: never mistaken for idle
+HATCHES = {WAIT: "///", CORE_WAIT: "xx", PREDICTED: ".."}
+LABELS = {COMPUTE: "compute", COMM: "transfer", WAIT: "wait", CORE_WAIT: "waiting for a core",
+          IDLE: "idle", PREDICTED: "predicted (cost model)"}
 FONT = 15                   # read from the back of a classroom: titles FONT+1, ticks FONT-2
 
 # Phases of a step keep one colour everywhere, chosen apart from the kinds' transfer

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..trace import COMM, COMPUTE, IDLE, WAIT, Timeline
+from ..trace import COMM, COMPUTE, CORE_WAIT, IDLE, WAIT, Timeline
 from .style import (COLORS, FONT, HATCHES, LABELS, OKABE_ITO, PHASE_LABELS, PREDICTED,
                     bar_label, finish, index_of, phase_color, phase_of, phase_rank, pyplot)
 
@@ -96,22 +96,22 @@ def timeline(tl: Timeline, *, title: str | None = None, ax=None, names: bool = T
     ax.set_title(title or f"{kind} timeline", fontsize=FONT + 1)
     if color_by == "name":
         entries = [(PHASE_LABELS.get(n, n), phase_color(n, extra), None) for n in phases]
-        kinds = [k for k in (COMM, WAIT, IDLE) if k in present]
+        kinds = [k for k in (COMM, WAIT, CORE_WAIT, IDLE) if k in present]
     elif color_by == "index":
         shown = indices if len(indices) <= 6 else [indices[round(k * (len(indices) - 1) / 5)]
                                                    for k in range(6)]
         stem = next((phase_of(seg.name) for segs in lanes.values() for seg in segs
                      if seg.kind == COMPUTE and index_of(seg.name) is not None), "")
         entries = [(f"{stem}{i}", index_color(i), None) for i in shown]
-        kinds = [k for k in (COMM, WAIT, IDLE) if k in present]
+        kinds = [k for k in (COMM, WAIT, CORE_WAIT, IDLE) if k in present]
     elif color_by == "axis":
         entries = [(LABELS[COMPUTE], COLORS[COMPUTE], None)] if COMPUTE in present else []
         entries += [(f"transfer: {a}" if a else "transfer: no axis", axis_color(a, axes), None)
                     for a in sorted(axes, key=_axis_order)]
-        kinds = [k for k in (WAIT, IDLE) if k in present]
+        kinds = [k for k in (WAIT, CORE_WAIT, IDLE) if k in present]
     else:
         entries = []
-        kinds = [k for k in (COMPUTE, COMM, WAIT, IDLE) if k in present]
+        kinds = [k for k in (COMPUTE, COMM, WAIT, CORE_WAIT, IDLE) if k in present]
     entries += [(LABELS[k], COLORS[k], HATCHES.get(k)) for k in kinds]
     if predicted:
         entries.append((LABELS[PREDICTED], "white", HATCHES[PREDICTED]))
@@ -168,7 +168,8 @@ def _segment_axes(tl: Timeline, lanes: dict) -> dict:
 
 
 def utilization(tl: Timeline, *, title: str | None = None, ax=None):
-    """Stacked bars per device: share of time computing, transferring, waiting, idle."""
+    """Stacked bars per device: share of time computing, transferring, waiting, waiting
+    for a core (where measured and present), idle."""
     plt = pyplot()
     summary = tl.summary()
     own = ax is None
@@ -178,7 +179,9 @@ def utilization(tl: Timeline, *, title: str | None = None, ax=None):
         fig = ax.figure
     labels = [row["device"] for row in summary.rows]
     left = [0.0] * len(labels)
-    for kind in (COMPUTE, COMM, WAIT, IDLE):
+    kinds = [k for k in (COMPUTE, COMM, WAIT, CORE_WAIT, IDLE)
+             if k != CORE_WAIT or any(row[f"{k}_share"] > 0 for row in summary.rows)]
+    for kind in kinds:
         shares = [row[f"{kind}_share"] * 100 for row in summary.rows]
         ax.barh(labels, shares, left=left, color=COLORS[kind], label=LABELS[kind],
                 hatch=HATCHES.get(kind), edgecolor="white", linewidth=0.6)

@@ -12,15 +12,21 @@ def link_from_transfers(timeline, *, ranks=None, names=None, all_reduce_over: in
     """The link (``sim.Link``) fitted to the measured transfers of a timeline.
 
     Every transfer span (kind "comm", the part after any wait) is one point (bytes,
-    seconds); ``metrics.fit_link`` draws t = A + S / B through them. Point to point,
+    seconds), with the time its rank then waited for a core added back: on this machine
+    that is part of what a message costs (and without it the tiny transfers left of a
+    contended exchange fit no bandwidth at all). ``metrics.fit_link`` draws
+    t = A + S / B through them. Point to point,
     that is alpha and beta. For all-reduces over ``all_reduce_over`` = n ranks the ring
     model says t = 2(n-1) alpha + 2(n-1)/n S / beta, so alpha and beta
     are taken back out of A and B. With a single message size, the link is that size
     over its median time (no latency of its own).
     """
+    from ..core_waits import waiting_name
     from ..metrics import fit_link
-    from ..trace import COMM
-    pts = [(s.bytes, s.duration) for s in timeline.spans
+    from ..trace import COMM, CORE_WAIT
+    waited = {(s.rank, s.start, s.name): s.duration for s in timeline.spans if s.kind == CORE_WAIT}
+    pts = [(s.bytes, s.duration + waited.get((s.rank, s.end, waiting_name(s.name)), 0.0))
+           for s in timeline.spans
            if s.kind == COMM and s.bytes > 0 and (ranks is None or s.rank in ranks)
            and (names is None or s.name in names)]
     if not pts:

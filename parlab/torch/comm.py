@@ -34,6 +34,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from .. import core_waits
 from ..trace import COMM, WAIT, recorder, span
 from . import runtime
 from .groups import axis_of, pg_of
@@ -203,12 +204,16 @@ def recv_any(tensor: torch.Tensor, *, group=None, tag: int = 0, name: str = "rec
     rec = recorder()
     staged = _staged(tensor)
     wire = torch.empty_like(tensor, device="cpu") if staged else tensor
+    counted = rec.enabled and rec.core_waits
+    waited = core_waits.read_seconds(every_thread=True) if counted else 0.0
     start = time.perf_counter()
     sender = dist.recv(wire, None, group=pg_of(group), tag=tag)
+    end = time.perf_counter()
     key = message_key("recv", sender, dist.get_rank(), group, tag)
     if rec.enabled:
-        rec.add(name, kind, start, time.perf_counter(), nbytes(tensor), peer=sender,
-                axis=axis_of(pg_of(group)), key=key)
+        waited = core_waits.read_seconds(every_thread=True) - waited if counted else 0.0
+        rec.add(name, kind, start, end, nbytes(tensor), peer=sender,
+                axis=axis_of(pg_of(group)), key=key, core_wait_s=waited)
     if staged:
         _to_device(tensor, wire, name)
     return sender

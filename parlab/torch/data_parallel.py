@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .. import core_waits
 from ..trace import COMPUTE, WAIT, recorder, span
 from . import comm, runtime, training
 from .groups import as_group
@@ -123,15 +124,17 @@ def train_data_parallel(rank: int, world_size: int, mode: str = "by_hand", model
     # CPU, where host times are exact, the last gradient's arrival splits it into the
     # backward computation and the wait for the buckets still travelling.
     split_backward = mode.startswith("ddp") and device.type == "cpu"
-    last_grad = [0.0]
+    counted = recorder().core_waits     # read the core-wait counter at the split, too
+    last_grad = [0.0, 0.0]              # when the last gradient was ready; the counter then
     if mode.startswith("ddp"):
         from torch.nn.parallel import DistributedDataParallel
         net = DistributedDataParallel(net, bucket_cap_mb=bucket_mb, process_group=g.pg)
         net.register_comm_hook(state, traced_hook)
         if split_backward:
             for p in net.parameters():
-                p.register_post_accumulate_grad_hook(
-                    lambda _p: last_grad.__setitem__(0, time.perf_counter()))
+                p.register_post_accumulate_grad_hook(lambda _p: last_grad.__setitem__(
+                    slice(None), [time.perf_counter(),
+                                  core_waits.read_seconds() if counted else 0.0]))
     opt = torch.optim.SGD(net.parameters(), lr=lr)
     loss_fn = nn.CrossEntropyLoss()
     batches = training.digit_batches(model, global_batch)
@@ -145,11 +148,17 @@ def train_data_parallel(rank: int, world_size: int, mode: str = "by_hand", model
         with span("forward"):
             loss = loss_fn(net(x), y)
         if split_backward:
+            w0 = core_waits.read_seconds() if counted else 0.0
             b0 = time.perf_counter()
             loss.backward()            # buckets are all-reduced in the background meanwhile
             b1 = time.perf_counter()
-            recorder().add("backward", COMPUTE, b0, last_grad[0])
-            recorder().add("wait for buckets", WAIT, last_grad[0], b1)
+            w1 = core_waits.read_seconds() if counted else 0.0
+            # the autograd hooks run on this thread: the counter at the last one splits
+            # the waits for a core between the backward pass and the wait for buckets
+            recorder().add("backward", COMPUTE, b0, last_grad[0],
+                           core_wait_s=last_grad[1] - w0 if counted else 0.0)
+            recorder().add("wait for buckets", WAIT, last_grad[0], b1,
+                           core_wait_s=w1 - last_grad[1] if counted else 0.0)
         else:
             with span("backward"):
                 loss.backward()        # DDP on a GPU: bucket waiting included

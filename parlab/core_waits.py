@@ -1,0 +1,153 @@
+"""Waiting for a CPU core: measured per thread, carved out of the spans that hid it.
+
+When more ranks than cores share a machine (4 simulated devices on 2 cores), a rank whose
+message has arrived, or whose next layer could start, may still wait milliseconds before
+the scheduler gives it a core. Without a measurement that time shows up as "transfer" or
+"compute". Linux counts it per thread: the second field of ``/proc/<pid>/task/<tid>/
+schedstat`` is the time the thread spent runnable on a run queue, waiting to run, in
+nanoseconds (kernel documentation, "scheduler statistics": ``run_delay``). The recorder
+reads that counter at the start and the end of every span it records
+(``read_seconds``), and a timeline moves the difference out of the span into a
+``core_wait`` span (``carve``). Where the files do not exist (macOS, Windows) nothing is
+read, and the kind never appears (``MEASURED`` is False).
+
+Whose threads: a compute span reads the calling thread (the ranks compute on one
+thread). A communication span reads every thread of the process, added up: the calling
+thread sleeps while the library's threads move the bytes (gloo's ``gloo_tcp_loop`` and
+``pt_gloo_runloop``), and when they wait for a core, so does the message. Threads that
+sleep add nothing; two threads waiting at once could add more than the span lasted,
+so a span gives up at most its whole length.
+
+The counter says how long, not when: the carved span is drawn at the end of the span it
+came from, where a woken receiver waits for its core. The amount is measured; the place
+within the span is a drawing choice.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import replace
+from typing import Iterable
+
+from .spans import CORE_WAIT, Span
+
+SCHEDSTAT = "/proc/thread-self/schedstat"
+TASKS = "/proc/self/task"
+MEASURED = os.path.exists(SCHEDSTAT)
+
+
+class _Files:
+    """Open counter files, one per thread: a file reads the thread it was opened for."""
+
+    def __init__(self):
+        self.own = threading.local()          # the calling thread's file
+        self.tasks: dict[str, int] = {}       # every thread of the process, by thread id
+        self.links = 0                        # /proc/self/task's link count when listed
+
+    def calling_thread(self) -> int:
+        fd = getattr(self.own, "fd", None)
+        if fd is None:
+            fd = self.own.fd = os.open(SCHEDSTAT, os.O_RDONLY)
+        return fd
+
+    def every_thread(self) -> list[int]:
+        """The files of every live thread; relisted only when the thread count changed
+        (a new process group starts threads of its own), which a stat tells cheaply."""
+        links = os.stat(TASKS).st_nlink
+        if links != self.links:
+            live = set(os.listdir(TASKS))
+            for tid in [t for t in self.tasks if t not in live]:
+                os.close(self.tasks.pop(tid))
+            for tid in live - set(self.tasks):
+                try:
+                    self.tasks[tid] = os.open(f"{TASKS}/{tid}/schedstat", os.O_RDONLY)
+                except FileNotFoundError:     # the thread ended between list and open
+                    pass
+            self.links = links
+        return list(self.tasks.values())
+
+
+_files = _Files()
+
+
+def _forget_files() -> None:
+    """A forked child must not read its parent's threads through inherited files."""
+    global _files
+    _files = _Files()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_files)
+
+
+def _delay(fd: int) -> float:
+    try:
+        return int(os.pread(fd, 64, 0).split(b" ", 2)[1]) * 1e-9
+    except (OSError, IndexError):            # a thread that ended: it waits no more
+        return 0.0
+
+
+def read_seconds(every_thread: bool = False) -> float:
+    """Seconds the calling thread (or every thread of this process, added up) has waited
+    for a core so far; 0.0 where not measured. One ``pread`` per thread of an open file:
+    about a microsecond each, cheap enough for every span.
+    """
+    if not MEASURED:
+        return 0.0
+    if every_thread:
+        return sum(_delay(fd) for fd in _files.every_thread())
+    return _delay(_files.calling_thread())
+
+
+def note() -> str:
+    """One line for a lab's first output: whether waiting for a core is measured here."""
+    if MEASURED:
+        return ("waiting for a core: measured per rank (Linux run-queue delay, "
+                f"{SCHEDSTAT}), drawn as its own kind")
+    return ("waiting for a core: not measured on this system (no "
+            f"{SCHEDSTAT}); it hides inside compute and transfer")
+
+
+def waiting_name(name: str) -> str:
+    """The name of the core wait carved out of a span called ``name``: a name of its own,
+    so that what reads a span by name (a phase's duration, a step's first span) reads
+    the span without its wait."""
+    return f"{name} (core wait)"
+
+
+def carve(spans: Iterable[Span]) -> list[Span]:
+    """Move each span's measured ``core_wait_s`` into a ``core_wait`` span at its end,
+    named ``waiting_name(span.name)``.
+
+    Spans nest (a ``step`` around ``forward``); a counter read around the outer span
+    includes what its inner spans waited, so each span gives up only its own share: its
+    wait less that of the spans directly inside it. A wait longer than the span (clock
+    granularity) takes the whole span. The returned spans carry no wait, so carving
+    twice changes nothing.
+    """
+    spans = list(spans)
+    own = [s.core_wait_s for s in spans]
+    by_rank: dict[int, list[int]] = {}
+    for i, s in enumerate(spans):
+        by_rank.setdefault(s.rank, []).append(i)
+    for members in by_rank.values():
+        members.sort(key=lambda i: (spans[i].start, -spans[i].end))
+        stack: list[int] = []
+        for i in members:
+            while stack and spans[stack[-1]].end < spans[i].end:
+                stack.pop()
+            if stack and spans[stack[-1]].start <= spans[i].start:
+                own[stack[-1]] -= spans[i].core_wait_s
+            stack.append(i)
+    out = []
+    for s, waited in zip(spans, own):
+        if s.core_wait_s == 0.0:
+            out.append(s)
+            continue
+        piece = min(max(waited, 0.0), s.duration)
+        cut = s.end - piece
+        out.append(replace(s, end=cut, core_wait_s=0.0))
+        if piece > 0:
+            out.append(Span(s.rank, CORE_WAIT, waiting_name(s.name), cut, s.end, 0, s.peer,
+                            s.axis))
+    return out

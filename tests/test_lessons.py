@@ -1,0 +1,100 @@
+"""Lessons as checks: the verdict lines, the registry, the count over runs, the command line,
+and the checks of labs 06 and 08 on numbers that show them and on planted ones that do not.
+(Each other lab's checks: tests/test_lessons_labNN.py.)"""
+import subprocess
+import sys
+
+import pytest
+
+from parlab.course import lab06, lab08, lessons  # noqa: F401 (a lab registers its lessons)
+
+
+def test_a_verdict_prints_one_line_with_the_figures_and_why_it_failed():
+    assert str(lessons.Verdict("06.x", True, "async 1.90x sync")) == \
+        "lesson 06.x: shown — async 1.90x sync"
+    assert str(lessons.Verdict("06.x", False, "async 0.64x sync", "31 % waiting for a core")) == \
+        "lesson 06.x: not shown on this run — async 0.64x sync; 31 % waiting for a core"
+
+
+def test_a_lesson_name_must_start_with_its_lab_and_an_unknown_one_is_named():
+    with pytest.raises(ValueError, match="'NN.what_it_shows'"):
+        lessons.lesson("6.async", "claim", dict)
+    with pytest.raises(KeyError, match="no lesson '06.nothing'"):
+        lessons.evaluate("06.nothing", {})
+
+
+def test_the_count_runs_each_shared_experiment_once_per_run(monkeypatch):
+    calls = []
+
+    def experiment():
+        calls.append(1)
+        return {"value": len(calls)}
+
+    fake = {"00.odd": lessons.Lesson("00.odd", "odd", lambda m: (m["value"] % 2 == 1, f"v {m['value']}", "even"), experiment),
+            "00.any": lessons.Lesson("00.any", "any", lambda m: (True, "always", ""), experiment)}
+    monkeypatch.setattr(lessons, "_LESSONS", fake)
+    monkeypatch.setattr(lessons, "of_lab", lambda lab: list(fake.values()))
+    lines = []
+    got = lessons.run(["00"], runs=3, out=lines.append)
+    assert len(calls) == 3                                   # one experiment call per run
+    assert [v.shown for v in got["00.odd"]] == [True, False, True]
+    assert lines[0] == "lesson 00.odd: shown 2/3 (v 1; v 2 [not shown: even]; v 3)"
+    assert lines[1] == "lesson 00.any: shown 3/3 (always; always; always)"
+    assert lines[2].startswith("lessons: 1 of 2 shown in every run (3 runs, load ")
+
+
+def test_show_prints_the_verdict_and_the_summary_repeats_it_under_the_claim(capsys):
+    numbers = {"held": {"zero3": 25.0, "ddp": 100.0}, "devices": 4}
+    assert lessons.show("08.zero3_keeps_a_share", numbers) is None    # a cell prints it once
+    assert capsys.readouterr().out.startswith("lesson 08.zero3_keeps_a_share: shown — ")
+    lessons.summary("08")
+    out = capsys.readouterr().out
+    claim = out.index("* With N devices, ZeRO-3 keeps")
+    assert out.index("lesson 08.zero3_keeps_a_share: shown — ZeRO-3 keeps 0.250") > claim
+
+
+def _straggler(async_speed, slowdown, core_wait=0.05):
+    return {"speed": {"sync": 1000.0, "async": async_speed}, "slowdown": slowdown,
+            "core_wait": core_wait}
+
+
+def test_async_beats_sync_shown_when_async_is_well_ahead():
+    v = lessons.evaluate("06.async_beats_sync", _straggler(1900.0, 3.0))
+    assert v.shown and "async 1.90x sync" in v.figures and "2.00x" in v.figures
+
+
+def test_async_beats_sync_not_shown_says_the_measured_contention_and_slowdown():
+    v = lessons.evaluate("06.async_beats_sync", _straggler(640.0, 1.8, core_wait=0.31))
+    assert not v.shown
+    assert "31% of their time waiting for a core" in v.why
+    assert "only 1.8x slower" in v.why
+
+
+def test_zero_lessons_on_the_papers_counts_and_on_planted_ones():
+    exact = {"sent": {"ddp": 100.0, "zero1": 100.0, "zero2": 100.0, "zero3": 150.0},
+             "held": {"ddp": 100.0, "zero3": 25.5}, "devices": 4}
+    assert lessons.evaluate("08.zero3_sends_half_again", exact).shown
+    assert lessons.evaluate("08.zero3_keeps_a_share", exact).shown
+    planted = {"sent": {"ddp": 100.0, "zero1": 100.0, "zero2": 130.0, "zero3": 200.0},
+               "held": {"ddp": 100.0, "zero3": 50.0}, "devices": 4}
+    v = lessons.evaluate("08.zero3_sends_half_again", planted)
+    assert not v.shown and v.why.startswith("zero2, zero3 off the paper's count")
+    v = lessons.evaluate("08.zero3_keeps_a_share", planted)
+    assert not v.shown and "0.500" in v.figures and "more than 1/N" in v.why
+
+
+@pytest.mark.parametrize("args, message", [(["--lab", "9"], "--lab must be a lab number 00-08"),
+                                           (["--runs", "0"], "--runs must be 1 or more")])
+def test_the_command_refuses_bad_settings_by_name(args, message):
+    out = subprocess.run([sys.executable, "-m", "parlab", "lessons", *args],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and message in out.stderr
+
+
+def test_the_command_runs_a_labs_experiments_and_counts_what_showed(no_leftover_ranks):
+    out = subprocess.run([sys.executable, "-m", "parlab", "lessons", "--lab", "08"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].startswith("lesson 08.zero3_sends_half_again: shown 1/1 (zero1 1.00x")
+    assert lines[-1].startswith("lessons: 2 of 2 shown in every run (1 run, load ")

@@ -1,0 +1,66 @@
+"""Lab 07's lessons: each check says "shown" on numbers that show its claim and "not
+shown", with the measured reason, on planted numbers that contradict it (no ranks start)."""
+import pytest
+
+from parlab.course import lab07, lessons
+
+SHAPES = ("dp 1 × tp 4", "dp 4 × tp 1", "dp 2 × tp 2", "dp 1 × pp 4", "dp 4 × pp 1",
+          "dp 2 × pp 2")
+
+
+def numbers(measured_ms, predicted_ms, off=None):
+    """Survey numbers as ``lab07.survey_numbers`` makes them; ``off``: (shape, axis, bytes)
+    planted as the measured count of one axis."""
+    shapes = []
+    for label, t, p in zip(SHAPES, measured_ms, predicted_ms):
+        model = label.split()[3]
+        formula = {"dp": 233768.0, model: 66816.0}
+        got = {a: [b, b] for a, b in formula.items()}
+        if off and off[0] == label:
+            got[off[1]][0] = off[2]
+        shapes.append({"label": label, "measured_s": t / 1e3, "predicted_s": p / 1e3,
+                       "bytes": got, "core_wait": 0.4})
+    return {"shapes": shapes, "ranks": 4, "cores": 2}
+
+
+SAME_ORDER = numbers([17, 9, 10, 20, 8.7, 15], [11, 4.8, 5.5, 13, 4.7, 8])
+
+
+def test_bytes_shown_when_every_axis_matches_its_formula():
+    v = lessons.evaluate("07.axis_bytes_match_formula", SAME_ORDER)
+    assert v.shown and "12 of 12" in v.figures
+
+
+def test_bytes_not_shown_when_an_axis_is_off():
+    planted = numbers([17, 9, 10, 20, 8.7, 15], [11, 4.8, 5.5, 13, 4.7, 8],
+                      off=("dp 2 × pp 2", "pp", 65536.0))
+    v = lessons.evaluate("07.axis_bytes_match_formula", planted)
+    assert not v.shown and "11 of 12" in v.figures
+    assert "dp 2 × pp 2 pp: measured 65,536, formula 66,816" in v.why
+
+
+def test_ranking_shown_when_the_model_orders_the_shapes_as_measured():
+    v = lessons.evaluate("07.model_ranks_shapes", SAME_ORDER)
+    assert v.shown and "rho 1.00" in v.figures
+    assert "PREDICTED dp 4 × pp 1, measured dp 4 × pp 1" in v.figures
+
+
+def test_ranking_not_shown_when_the_model_reverses_the_order():
+    planted = numbers([17, 9, 10, 20, 8.7, 15], [5, 12, 11, 4, 13, 8])
+    v = lessons.evaluate("07.model_ranks_shapes", planted)
+    assert not v.shown and "PREDICTED dp 1 × pp 4, measured dp 4 × pp 1" in v.figures
+    assert "4 ranks shared 2 cores" in v.why and "40% of their time waiting" in v.why
+    assert "to 5.00x (dp 1 × pp 4)" in v.why
+
+
+def test_spearman_gives_ties_their_mean_rank():
+    assert lab07.spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
+    assert lab07.spearman([1, 2, 3], [30, 20, 10]) == pytest.approx(-1.0)
+    assert lab07._ranks([5.0, 1.0, 5.0, 2.0]) == [3.5, 1.0, 3.5, 2.0]
+    # a tie on one side: 1 - 6 * sum(d^2) / (n (n^2 - 1)) no longer holds; Pearson on ranks
+    assert lab07.spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(0.866, abs=1e-3)
+
+
+def test_the_lab_has_these_lessons():
+    assert {x.name for x in lessons.of_lab("07")} == {"07.axis_bytes_match_formula",
+                                                      "07.model_ranks_shapes"}
