@@ -16,7 +16,8 @@ Inputs
                     per layer pass, the wake-up of a blocked rank on a busy CPU) and their
                     links (``Link``: alpha-beta), intra- and inter-node. Presets:
                     ``t4_pcie()``, ``a100_nvlink()``, ``h100_nvlink()``,
-                    ``h100_infiniband(nodes)``, ``v100_dgx2h()``, ``gpu_presets()``; this
+                    ``h100_infiniband(nodes)``, ``h100_nodes(nodes)`` (one of the two),
+                    ``v100_dgx2h()``, ``gpu_presets()``; this
                     machine: ``parlab.course.calibrate.measure_this_machine()`` (one launch:
                     lab 00's link sweep and lab 01's step), ``calibrate.this_machine(link,
                     flops=...)`` (what a lab measured) or ``calibrated(calibration, sizes)``
@@ -61,17 +62,17 @@ Megatron-LM's 8-way weak scaling, nccl-tests' bus bandwidth); against this machi
 ``python -m parlab bench --only sim``.
 
 The summary model of lab 07 stays: ``Workload``, ``Plan``, ``predict`` -> ``Prediction``,
-``plans``, ``calibrated``, ``with_links``, ``h100_nodes``, ``presets``, and the closed
+``plans``, ``calibrated``, ``with_links``, ``presets`` (language models), and the closed
 forms ``send_s``, ``all_reduce_s``, ``bubble``.
 """
 from . import calibrate, clusters, published
-from .clusters import a100_nvlink, gpu_presets, h100_infiniband, h100_nvlink, t4_pcie, v100_dgx2h
+from .clusters import (a100_nvlink, gpu_presets, h100_infiniband, h100_nodes, h100_nvlink,
+                       t4_pcie, v100_dgx2h)
 from .costs import Layer, Measured, Network, Roofline
 from .engine import Deadlock, PredictedTimeline
 from .memory import DoesNotFit, Memory, memory, memory_per_device, parameter_server_memory
 from .model import (AXES, Cluster, Link, Plan, Prediction, Workload, all_reduce_s, bubble,
-                    calibrated, h100_nodes, measured_link, plans, predict, presets, send_s,
-                    with_links)
+                    calibrated, measured_link, plans, predict, presets, send_s, with_links)
 from .servers import parameter_server
 from .strategies import STRATEGIES, timeline
 from .timelines import (all_gather_s, data_parallel, hybrid, manual_split, pipeline,

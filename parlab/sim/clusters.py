@@ -87,6 +87,13 @@ def h100_infiniband(nodes: int = 2) -> Cluster:
                    Link(8e-6, SUSTAINED_LINK * 50e9), 0.0, inside.memory_bandwidth_Bps)
 
 
+def h100_nodes(nodes: int = 1) -> Cluster:
+    """``nodes`` DGX H100-like nodes of 8 GPUs: ``h100_nvlink(8)`` for one node,
+    ``h100_infiniband(nodes)`` for more (one set of datasheet figures, derated as above)."""
+    nodes = count("h100_nodes", "nodes", nodes)
+    return h100_nvlink(8) if nodes == 1 else h100_infiniband(nodes)
+
+
 def v100_dgx2h(devices: int = 16) -> Cluster:
     """The DGX-2H of Megatron-LM's scaling study (Shoeybi et al., 2019, section 5).
 

@@ -354,22 +354,6 @@ def with_links(c: Cluster, *, intra: Link | None = None, inter: Link | None = No
 
 
 # ------------------------------------------------------------------ presets
-# Hardware we do not own, from vendors' specifications; the latencies are assumptions
-# of the order nccl-tests reports for small messages, not measurements.
-#  * NVIDIA H100 SXM5 datasheet: 80 GB HBM3; 989 TFLOP/s dense BF16 (1979 with sparsity);
-#    NVLink 4: 900 GB/s per GPU in both directions together, so 450 GB/s each way.
-#  * NVIDIA DGX H100 user guide: 8 GPUs per node, 8 ConnectX-7 InfiniBand NDR ports of
-#    400 Gb/s, one per GPU: 50 GB/s per GPU between nodes.
-#  * Sustained rate: 40 % of the peak, an assumption in the range Megatron-LM reports for
-#    large models (Narayanan et al., 2021: 44-52 % of the A100's peak).
-def h100_nodes(nodes: int = 1) -> Cluster:
-    """``nodes`` DGX-H100-like nodes of 8 GPUs (figures from the datasheets above)."""
-    nodes = count("h100_nodes", "nodes", nodes)
-    return Cluster(f"{nodes} node{'s' * (nodes > 1)} × 8 H100", 8 * nodes, 80e9,
-                   flops=0.4 * 989e12, layer_overhead_s=20e-6, devices_per_node=8,
-                   intra=Link(3e-6, 450e9), inter=Link(8e-6, 50e9))
-
-
 def presets() -> dict[str, Workload]:
     """Workloads for the explorer. GPT-2 XL: 48 layers, hidden 1600, 25 heads, 1024
     tokens (Radford et al., 2019, table 2; the seeds' 1.5 billion parameters). GPT-3:
