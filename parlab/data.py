@@ -64,7 +64,7 @@ def waves(n: int = 1024, length: int = 32, classes: int = 4, *, seed: int = 0):
 def shapes(n: int = 256, size: int = 32, *, seed: int = 0):
     """Images (n, 1, size, size) with a disc and a square on noise; masks (n, size, size).
 
-    Mask classes: 0 background, 1 disc, 2 square. A small stand-in for the seeds'
+    Mask classes: 0 background, 1 disc, 2 square. A small stand-in for an
     image-segmentation example.
     """
     rng = np.random.default_rng(seed)

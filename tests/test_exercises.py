@@ -122,3 +122,33 @@ def test_update_rule_hints_do_not_state_the_rule():
     def right(shard, grad, lr, staleness):
         shard -= lr * grad
     assert lab06._rule_problem(right) is None
+
+
+def test_a_staleness_rule_that_counts_the_others_pushes_and_ignores_pulls_is_caught(capsys):
+    def others_pushes(events):                    # right on every case but a late pull
+        out, pushed = [], []
+        for action, worker in events:
+            if action == "push":
+                out.append(sum(w != worker for w in pushed))
+                pushed.append(worker)
+        return out
+    assert exercise.check("push_staleness", others_pushes) is not others_pushes
+    assert "1 of 5 cases wrong" in capsys.readouterr().out
+
+
+def test_f_and_b_in_turn_meets_1f1bs_memory_bound_but_is_not_1f1b(capsys):
+    from parlab.course import lab04
+
+    def no_warmup(p, m):
+        return [[op for i in range(m) for op in (("F", i), ("B", i))] for _ in range(p)]
+    used = lab04.check_schedule(no_warmup)
+    out = capsys.readouterr().out
+    assert used is not no_warmup and "where 1F1B takes" in out and "warm-up" in out
+    assert lab04.whose(used) == "the reference" and lab04.whose(no_warmup) == "your"
+
+
+def test_a_printout_names_the_reference_when_the_lab_went_on_with_it():
+    def todo(*args):
+        raise NotImplementedError
+    assert lab02.whose(lab02.check("split_bytes_per_step", todo, verbose=False)) == "the reference"
+    assert lab02.whose(todo) == "your"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..launcher import launch
 from ..split import SplitConfig
 from . import lessons
-from .exercise import Exercise, check, register  # noqa: F401 (labNN.check)
+from .exercise import Exercise, check, register, whose  # noqa: F401 (labNN.check, labNN.whose)
 
 # the lab's two models: the MLP split after module 3, and the convolutions to balance
 MLP = SplitConfig(sizes=(64, 256, 256, 128, 10), bounds=[4], batch_size=64, steps=150,

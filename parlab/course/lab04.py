@@ -6,7 +6,7 @@ import math
 from ..launcher import LaunchResult, launch
 from ..split import SplitConfig
 from . import lessons
-from .exercise import Exercise, check, register  # noqa: F401 (labNN.check)
+from .exercise import Exercise, check, fallback, register, whose  # noqa: F401 (labNN.check, labNN.whose)
 from .explorer import (HERE, choice, cluster_choices, cluster_for, explorer,
                        refuse_unless_here, seconds_text, slider)
 
@@ -28,23 +28,25 @@ def run_pipeline(cfg, stages: int, micro_batches: int, schedule="1f1b", *,
 def check_schedule(fn, cases=((2, 4), (3, 5), (4, 8))):
     """Check a learner's 1F1B schedule builder ``fn(stages, micro_batches)``.
 
-    It must be valid and deadlock-free, and each stage s may hold at most p - s
-    micro-batches at once (the memory bound that distinguishes 1F1B from GPipe).
+    It must be valid and deadlock-free, each stage s may hold at most p - s
+    micro-batches at once (the memory bound that distinguishes 1F1B from GPipe), and a
+    step must be as quick on paper as 1F1B's (F and B in turn, without the warm-up,
+    meets the bound but does not pipeline).
     Returns the function to use next.
     """
-    from ..pipeline import check as check_valid, one_f_one_b, peak_in_flight
+    from ..pipeline import check as check_valid, one_f_one_b, peak_in_flight, simulate
     for stages, micro_batches in cases:
         try:
             schedule = fn(stages, micro_batches)
         except NotImplementedError:
             print("[1f1b] not attempted yet: the lab goes on with the reference schedule.")
-            return one_f_one_b
+            return fallback(one_f_one_b)
         try:
             check_valid(schedule, stages, micro_batches)
         except ValueError as exc:
             print(f"[1f1b] for {stages} stages and {micro_batches} micro-batches: {exc}\n"
                   "The lab goes on with the reference schedule.")
-            return one_f_one_b
+            return fallback(one_f_one_b)
         peaks = peak_in_flight(schedule)
         bound = [min(stages - s, micro_batches) for s in range(stages)]
         if any(p > b for p, b in zip(peaks, bound)):
@@ -52,8 +54,21 @@ def check_schedule(fn, cases=((2, 4), (3, 5), (4, 8))):
                   f"micro-batches, but the stages hold {peaks} micro-batches at once; 1F1B "
                   f"holds at most {bound}. Start each backward as soon as it is possible.\n"
                   "The lab goes on with the reference schedule.")
-            return one_f_one_b
-    print(f"[1f1b] correct: valid, deadlock-free and within 1F1B's memory bound on {len(cases)} cases.")
+            return fallback(one_f_one_b)
+        # within the bound is not enough: F_i, B_i in turn holds one micro-batch and
+        # never overlaps the stages. On paper (F 1, B 2 time units), 1F1B's step is as
+        # short as GPipe's; a schedule without the warm-up is longer.
+        mine, ref = (simulate(s, stages, micro_batches, 1.0, 2.0).duration
+                     for s in (schedule, one_f_one_b(stages, micro_batches)))
+        if mine > ref + 1e-9:
+            print(f"[1f1b] valid and within the memory bound for {stages} stages and "
+                  f"{micro_batches} micro-batches, but a step takes {mine:g} time units on "
+                  f"paper (forward 1, backward 2) where 1F1B takes {ref:g}: the stages wait "
+                  "for each other. Begin stage s with p - s - 1 forward passes (the warm-up), "
+                  "then alternate.\nThe lab goes on with the reference schedule.")
+            return fallback(one_f_one_b)
+    print(f"[1f1b] correct: valid, deadlock-free, within 1F1B's memory bound and as quick as "
+          f"1F1B on {len(cases)} cases.")
     return fn
 
 

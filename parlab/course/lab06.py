@@ -116,7 +116,10 @@ register(Exercise(
            ([("pull", 1), ("pull", 2), ("pull", 3), ("push", 3), ("pull", 3), ("push", 3),
              ("push", 1), ("push", 2)],),
            ([("pull", 2), ("pull", 1), ("push", 1), ("pull", 1), ("push", 1), ("pull", 1),
-             ("push", 1), ("pull", 1), ("push", 2), ("pull", 2)],)],
+             ("push", 1), ("pull", 1), ("push", 2), ("pull", 2)],),
+           # a late pull: worker 1 reads worker 2's update before pushing, so it is not
+           # stale; a rule that counts others' pushes and ignores pulls says 1
+           ([("pull", 2), ("push", 2), ("pull", 1), ("push", 1), ("pull", 2), ("push", 2)],)],
     hint="keep a version number that the server increases with every gradient it applies, "
          "and remember which version each worker last read. A worker's own earlier pushes "
          "do not make its next gradient stale if it pulled after them.",

@@ -19,7 +19,7 @@ from .style import (CANONICAL, COLORS, EXTRA_COLORS, FONT, HATCHES, LABELS,  # n
                     MEMORY_COLORS, OKABE_ITO, PHASE_ALIASES, PHASE_COLORS, PHASE_LABELS,
                     PHASES, PREDICTED, STYLE, finish, phase_color, phase_of, pyplot,
                     text_color, use_style)
-from .timelines import (AXIS_COLORS, MORE_AXIS_COLORS, axis_color, timeline,  # noqa: F401
-                       utilization)
+from .timelines import (AXIS_COLORS, AXIS_HATCHES, MORE_AXIS_COLORS,  # noqa: F401
+                        axis_color, axis_hatch, timeline, utilization)
 
 use_style()

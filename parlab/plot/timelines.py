@@ -20,8 +20,9 @@ def timeline(tl: Timeline, *, title: str | None = None, ax=None, names: bool = T
     color_by: "kind" (compute / transfer / wait) or "name" (one colour per phase:
         forward, backward, update, ...; trailing digits are ignored, so F0, F1, ... share
         a colour; transfer, wait and idle keep their kind's colour). Known phases have
-        the same colour in every figure (``PHASES``). "axis": transfers coloured by the
-        mesh axis of their group (``AXIS_COLORS``: tp, pp, dp), the legend naming each;
+        the same colour in every figure (``PHASES``). "axis": transfers told apart by the
+        mesh axis of their group, each in a shade and a pattern of the transfer orange
+        (``AXIS_COLORS``, ``AXIS_HATCHES``: tp, pp, dp), the legend naming each;
         compute, wait and idle keep their kind's colour. "index": compute bars coloured
         by the number at the end of their name (t0 .. t15, F0 .. F7) on a sequential
         scale (viridis, colour-blind safe), so the same time step or micro-batch has one
@@ -72,7 +73,11 @@ def timeline(tl: Timeline, *, title: str | None = None, ax=None, names: bool = T
         return COLORS[seg.kind]
 
     def hatch(seg):
-        return HATCHES[PREDICTED] if predicted and seg.kind != IDLE else HATCHES.get(seg.kind)
+        own = (axis_hatch(seg_axis[(seg.rank, seg.start)], axes)
+               if color_by == "axis" and seg.kind == COMM else HATCHES.get(seg.kind))
+        if predicted and seg.kind != IDLE:      # dotted, and a wait keeps its stripes
+            return (own or "") + HATCHES[PREDICTED]
+        return own
 
     for lane, rank in enumerate(tl.ranks):
         y = len(tl.ranks) - 1 - lane
@@ -106,8 +111,8 @@ def timeline(tl: Timeline, *, title: str | None = None, ax=None, names: bool = T
         kinds = [k for k in (COMM, WAIT, CORE_WAIT, IDLE) if k in present]
     elif color_by == "axis":
         entries = [(LABELS[COMPUTE], COLORS[COMPUTE], None)] if COMPUTE in present else []
-        entries += [(f"transfer: {a}" if a else "transfer: no axis", axis_color(a, axes), None)
-                    for a in sorted(axes, key=_axis_order)]
+        entries += [(f"transfer: {a}" if a else "transfer: no axis", axis_color(a, axes),
+                     axis_hatch(a, axes)) for a in sorted(axes, key=_axis_order)]
         kinds = [k for k in (WAIT, CORE_WAIT, IDLE) if k in present]
     else:
         entries = []
@@ -127,12 +132,14 @@ def timeline(tl: Timeline, *, title: str | None = None, ax=None, names: bool = T
     return finish(fig) if own else fig
 
 
-# Transfers by mesh axis (lab 07), from the same Okabe-Ito colours, none of them the
-# colour of compute (blue), wait (vermillion) or idle (grey): tensor parallel keeps the
-# course's transfer orange, the axis that talks most.
-AXIS_COLORS = {"tp": OKABE_ITO["orange"], "pp": OKABE_ITO["bluish green"],
-               "dp": OKABE_ITO["reddish purple"]}
-MORE_AXIS_COLORS = (OKABE_ITO["sky blue"], OKABE_ITO["yellow"], OKABE_ITO["black"])
+# Transfers by mesh axis (lab 07) or by collective (lab 08): every transfer keeps the
+# course's transfer orange, in a shade and a pattern of its axis, so that no transfer
+# takes the colour of a phase (backward's green, update's purple) or of another kind.
+# Tensor parallel, the axis that talks most, keeps the plain orange.
+AXIS_COLORS = {"tp": OKABE_ITO["orange"], "pp": "#A86F00", "dp": "#F5CE73"}
+AXIS_HATCHES = {"tp": None, "pp": "||", "dp": "--"}
+MORE_AXIS_COLORS = ("#C98A00", "#FAE3B0", "#7A5100")
+MORE_AXIS_HATCHES = ("oo", "++", "\\\\")
 
 
 def _axis_order(axis):
@@ -144,9 +151,19 @@ def axis_color(axis: str | None, axes: Sequence = ()) -> str:
     """The colour of transfers on mesh axis ``axis`` (None: no axis, e.g. the world)."""
     if axis in AXIS_COLORS:
         return AXIS_COLORS[axis]
+    return MORE_AXIS_COLORS[_other_axis(axis, axes) % len(MORE_AXIS_COLORS)]
+
+
+def axis_hatch(axis: str | None, axes: Sequence = ()) -> str | None:
+    """The pattern of transfers on mesh axis ``axis``: with the shade, what tells it apart."""
+    if axis in AXIS_HATCHES:
+        return AXIS_HATCHES[axis]
+    return MORE_AXIS_HATCHES[_other_axis(axis, axes) % len(MORE_AXIS_HATCHES)]
+
+
+def _other_axis(axis, axes) -> int:
     others = sorted((a for a in axes if a not in AXIS_COLORS), key=_axis_order)
-    i = others.index(axis) if axis in others else len(others)
-    return MORE_AXIS_COLORS[i % len(MORE_AXIS_COLORS)]
+    return others.index(axis) if axis in others else len(others)
 
 
 def _segment_axes(tl: Timeline, lanes: dict) -> dict:

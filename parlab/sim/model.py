@@ -356,7 +356,7 @@ def with_links(c: Cluster, *, intra: Link | None = None, inter: Link | None = No
 # ------------------------------------------------------------------ presets
 def presets() -> dict[str, Workload]:
     """Workloads for the explorer. GPT-2 XL: 48 layers, hidden 1600, 25 heads, 1024
-    tokens (Radford et al., 2019, table 2; the seeds' 1.5 billion parameters). GPT-3:
+    tokens (Radford et al., 2019, table 2: 1.5 billion parameters). GPT-3:
     96 layers, hidden 12288, 96 heads, 2048 tokens (Brown et al., 2020, table 2.1)."""
     return {
         "lab MLP 64-256-256-128-10": Workload.mlp((64, 256, 256, 128, 10)),

@@ -1,7 +1,7 @@
 """Lab 06: parameters that live outside the workers.
 
-(In this module a *worker* is a role, as in the seeds: a rank that computes gradients
-for the servers. The function every rank runs is ``train_parameter_server``.)
+(In this module a *worker* is a role, as in parameter-server papers: a rank that
+computes gradients for the servers. The function every rank runs is ``train_parameter_server``.)
 
 A **parameter server** holds the model's parameters (or a shard of them) and updates
 them; **workers** hold no state of their own between steps: each pulls the current

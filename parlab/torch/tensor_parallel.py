@@ -3,7 +3,7 @@
 A linear layer y = x W^T + b with W of shape (out, in) can be cut two ways:
 
 * **column-parallel** (by output units): rank k holds rows k of W, i.e. out/n units, and
-  computes its slice of y from the whole x. For the seeds' 10-unit layer on 2 devices:
+  computes its slice of y from the whole x. For lab 03's 10-unit layer on 2 devices:
   5 + 5 units.
 * **row-parallel** (by input units): rank k holds columns k of W and the matching slice
   of x; each rank's product is a *partial sum* of y, and an all-reduce adds them.
