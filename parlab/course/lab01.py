@@ -97,7 +97,8 @@ def _mlp_experiment() -> dict:
                 _mlp_experiment)
 def mlp_learns_digits(m: dict):
     first, last = m["loss"]
-    figures = f"test accuracy {m['accuracy']:.1%} (commonest digit {m['chance']:.1%})"
+    figures = (f"test accuracy {m['accuracy']:.1%} (always answering the commonest test "
+               f"digit: {m['chance']:.1%})")
     return (m["accuracy"] > 0.9, figures,
             f"the training loss went from {first:.3f} to {last:.3f} in 8 epochs")
 
@@ -229,8 +230,9 @@ def _other_models_experiment() -> dict:
                 "painting everything background scores 0)",
                 _other_models_experiment)
 def models_learn_their_data(m: dict):
-    figures = ", ".join(f"{name.split(',')[0]} {r['measure']} {r['after']:.2f} (commonest label "
-                        f"{r['baseline']:.2f})" for name, r in m.items())
+    figures = ", ".join(f"{name.split(',')[0]} {r['measure']} {r['after']:.2f} (always "
+                        f"answering the commonest training label: {r['baseline']:.2f})"
+                        for name, r in m.items())
     short = [name for name, r in m.items() if r["after"] < (1 + r["baseline"]) / 2]
     why = "; ".join(f"{name.split(',')[0]} only {m[name]['after']:.2f} after {m[name]['epochs']} "
                     f"epochs, its training loss {m[name]['loss'][0]:.3f} -> "

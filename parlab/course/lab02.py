@@ -205,9 +205,9 @@ def one_device_at_a_time(m: dict):
 
 
 @lessons.lesson("02.split_not_faster",
-                "a split step is at best as fast as one device's, plus the time spent "
-                "moving tensors: the stages run one after another (the split's median step "
-                "at least 1.0x the single device's)",
+                "a split step is no faster than one device's: the stages run one after "
+                "another, and moving tensors between them only adds (the split's median "
+                "step at least 1.0x the single device's)",
                 _mlp_experiment)
 def split_not_faster(m: dict):
     ratio = m["split_step"] / m["one_step"]

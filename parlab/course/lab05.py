@@ -258,7 +258,7 @@ def buckets_overlap_backward(m: dict):
             "backward ended (median), ")
            + f"and the buckets waited a median {ms['bucket_wait_s']:.2f} ms a step for the other "
            f"rank to join; the ranks spent {m['core_wait']:.0%} of their time waiting for a core "
-           "(forward and update: DDP's backward is not counted)")
+           "(their main threads; the buckets' own threads are not counted)")
     return all(2 * sum(h) >= len(h) for h in hit.values()), figures, why
 
 
@@ -312,7 +312,7 @@ def data_parallel_scales(m: dict):
     why = (f"on 2 devices rank 0 computed its half batch in {share:.0%} of one device's "
            f"time for the whole batch (ideal 50 %), waited {two['wait_s'] * 1e3:.1f} ms a step "
            f"for the gradient buckets, and the ranks spent {two['core_wait']:.0%} of their time "
-           "waiting for a core (forward and update: DDP's backward is not counted); "
+           "waiting for a core (their main threads); "
            f"the machine's load average was {m['load']:.1f} on {m['cores']} cores")
     if m["cores"] < 2:
         why = f"this machine has {m['cores']} core, not one per device; " + why

@@ -421,4 +421,15 @@ def model_ranks_shapes(m: dict):
            f"{ratio[-1][0]:.2f}x ({ratio[-1][1]}): the model leaves out what slows some shapes "
            f"more than others; the {m['ranks']} ranks shared {m['cores']} cores and spent "
            f"{wait:.0%} of their time waiting for one")
+    same = {}           # shapes the model cannot tell apart (dp 4 × tp 1 and dp 4 × pp 1)
+    for x in shapes:
+        same.setdefault(round(x["predicted_s"], 12), []).append(x)
+    twins = [g for g in same.values() if len(g) > 1]
+    if twins:
+        def spread(g):
+            t = [x["measured_s"] for x in g]
+            return max(t) / min(t)
+        g = max(twins, key=spread)
+        why += (f"; the same plan measured twice ({' and '.join(x['label'] for x in g)}) "
+                f"differed {spread(g):.2f}x, the noise the ranking has to beat")
     return rho >= RANK_AGREEMENT, figures, why

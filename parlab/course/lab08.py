@@ -237,10 +237,12 @@ def _zero_experiment() -> dict:
                 _zero_experiment)
 def zero3_sends_half_again(m: dict):
     ratio = {v: m["sent"][v] / m["sent"]["ddp"] for v in ("zero1", "zero2", "zero3")}
-    figures = ", ".join(f"{v} {r:.2f}x" for v, r in ratio.items()) + " the bytes of data parallel"
+    figures = (", ".join(f"{v} {r:.2f}x" for v, r in ratio.items())
+               + " the bytes data parallel sends per step (ring algorithms)")
     want = {"zero1": 1.0, "zero2": 1.0, "zero3": 1.5}
     off = [v for v in ratio if abs(ratio[v] - want[v]) > 0.05 * want[v]]
-    return not off, figures, f"{', '.join(off)} off the paper's count (traced bytes per step)"
+    return not off, figures, (f"{', '.join(off)} off the paper's count (the bytes a ring "
+                              "sends per step, from the traced buffers)")
 
 
 @lessons.lesson("08.zero3_keeps_a_share",

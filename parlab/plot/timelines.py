@@ -136,9 +136,10 @@ def timeline(tl: Timeline, *, title: str | None = None, ax=None, names: bool = T
 # course's transfer orange, in a shade and a pattern of its axis, so that no transfer
 # takes the colour of a phase (backward's green, update's purple) or of another kind.
 # Tensor parallel, the axis that talks most, keeps the plain orange.
-AXIS_COLORS = {"tp": OKABE_ITO["orange"], "pp": "#A86F00", "dp": "#F5CE73"}
+# The light shades stay well away from idle's grey.
+AXIS_COLORS = {"tp": OKABE_ITO["orange"], "pp": "#A86F00", "dp": "#F2BA48"}
 AXIS_HATCHES = {"tp": None, "pp": "||", "dp": "--"}
-MORE_AXIS_COLORS = ("#C98A00", "#FAE3B0", "#7A5100")
+MORE_AXIS_COLORS = ("#C98A00", "#EDB23A", "#7A5100")
 MORE_AXIS_HATCHES = ("oo", "++", "\\\\")
 
 
