@@ -126,6 +126,8 @@ def carve(spans: Iterable[Span]) -> list[Span]:
     twice changes nothing.
     """
     spans = list(spans)
+    if not any(s.core_wait_s for s in spans):     # carved already: a window, a filter, a merge
+        return spans
     own = [s.core_wait_s for s in spans]
     by_rank: dict[int, list[int]] = {}
     for i, s in enumerate(spans):
