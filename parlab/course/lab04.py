@@ -171,9 +171,10 @@ MICRO_BATCHES = (1, 2, 4, 8)
 
 
 def _median(xs) -> float:
-    xs = sorted(xs)
-    n = len(xs)
-    return 0.0 if not n else (xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2)
+    """The median, 0.0 for none (a stage without that phase)."""
+    import statistics
+    xs = list(xs)
+    return float(statistics.median(xs)) if xs else 0.0
 
 
 def bubble_runs(devices=None, micro_batches=MICRO_BATCHES, made=None,
