@@ -34,6 +34,7 @@ class RankSpec:
     process_group: dict | None = None   # backend, device_kind, store_path, threads, timeout_s
     dump_path: str | None = None        # where faulthandler writes this rank's stacks
     launcher: object = None             # starting.LauncherState for a forked rank
+    cores: frozenset | None = None      # the CPU cores this rank may run on (pinned)
 
 
 class _PrefixedStream:
@@ -131,6 +132,8 @@ def main(spec: RankSpec, conn) -> None:
         os.setpgrp()  # own process group: a terminal Ctrl-C reaches only the launcher,
         #               and the launcher can stop this rank with anything it started
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if spec.cores is not None:  # before torch starts its threads: they inherit the cores
+        os.sched_setaffinity(0, spec.cores)
     dump = _arm_stack_dumps(spec.dump_path)  # noqa: F841 - kept open for faulthandler
     os.environ.update(spec.env)
     sys.stdout = _PrefixedStream(sys.stdout, f"[rank {spec.rank}] ")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 
 from .errors import whole_number
 from .hardware import DeviceSet
@@ -50,6 +51,23 @@ def check_other_settings(world_size, devices, process_group, env) -> None:
         if not (isinstance(key, str) and isinstance(value, str)):
             raise TypeError(f"env= must map names to strings, got {key!r}: {value!r}: "
                             f"write env={{{str(key)!r}: {str(value)!r}}}.")
+
+
+def pinned_cores(world_size: int, pin_cores) -> list:
+    """The cores each rank is pinned to, or None for each (not pinned).
+
+    With c cores for n ranks: where n >= c, rank r gets core r mod c (ranks r and r + c
+    share one); otherwise each rank gets its own c // n cores, in order.
+    """
+    if not isinstance(pin_cores, bool):
+        raise ValueError(f"pin_cores= must be True or False, got {pin_cores!r}.")
+    if not (pin_cores and hasattr(os, "sched_getaffinity")):
+        return [None] * world_size
+    cores = sorted(os.sched_getaffinity(0))
+    if world_size >= len(cores):
+        return [frozenset({cores[r % len(cores)]}) for r in range(world_size)]
+    k = len(cores) // world_size
+    return [frozenset(cores[r * k:(r + 1) * k]) for r in range(world_size)]
 
 
 def pack_worker(fn, args, kwargs) -> bytes:

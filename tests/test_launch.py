@@ -31,6 +31,28 @@ def test_results_come_back_in_rank_order_with_one_thread_per_simulated_device(no
     assert out.timeline.ranks == [0, 1, 2]
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity here")
+def test_pinned_ranks_run_on_cores_of_their_own(no_leftover_ranks):
+    cores = sorted(os.sched_getaffinity(0))
+    n = len(cores) + 1                          # more ranks than cores: one core each, shared
+    out = parlab.launch(workers.cores_of_rank, n, pin_cores=True)
+    assert out.results == [[cores[r % len(cores)]] for r in range(n)]
+    assert all(len(r) == len(cores) for r in parlab.launch(workers.cores_of_rank, 2).results)
+    assert sorted(os.sched_getaffinity(0)) == cores          # the launcher itself is not pinned
+
+
+def test_pinned_cores_share_out_the_cores(monkeypatch):
+    from parlab import launch_settings
+    assert launch_settings.pinned_cores(3, False) == [None] * 3
+    with pytest.raises(ValueError, match="pin_cores= must be True or False"):
+        launch_settings.pinned_cores(2, "yes")
+    monkeypatch.setattr(launch_settings.os, "sched_getaffinity", lambda pid: {4, 5, 6, 7},
+                        raising=False)
+    assert launch_settings.pinned_cores(2, True) == [{4, 5}, {6, 7}]
+    assert launch_settings.pinned_cores(3, True) == [{4}, {5}, {6}]
+    assert launch_settings.pinned_cores(5, True) == [{4}, {5}, {6}, {7}, {4}]
+
+
 @pytest.mark.parametrize("start", ["fork server", "spawn"])
 def test_a_rank_runs_in_the_launchers_current_folder_environment_and_output(
         start, tmp_path, monkeypatch, capfd, no_leftover_ranks):

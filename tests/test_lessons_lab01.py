@@ -58,6 +58,13 @@ def test_throughput_not_shown_when_the_device_never_saturates():
     assert "doubled" not in v.why
 
 
+def test_throughput_not_shown_under_contention_blames_the_waits_not_the_device():
+    v = lessons.evaluate("01.throughput_grows_then_levels",
+                         _sweep(0.10, 0.10, 0.11, 0.12, 0.15, core_wait=0.35, load=4.0))
+    assert not v.shown and "the sweep waited for a core" in v.why
+    assert "not saturated" not in v.why and "35% of the sweep waiting for a core" in v.why
+
+
 def test_throughput_numbers_keeps_the_sweep():
     rows = [{"batch_size": b, "step_s": s, "samples_per_s": b / s} for b, s in ((4, 1.0), (16, 2.0))]
     m = lab01.throughput_numbers(rows, 0.25, "cpu")

@@ -84,6 +84,17 @@ def test_async_does_not_wait_for_a_slow_worker(no_leftover_ranks):
     assert slow_spans and {s.rank for s in slow_spans} == {2}
 
 
+def test_an_emulated_slowdown_idles_for_a_compute_time_measured_once():
+    slow = ps.EmulatedSlowdown(3.0, measure=3, skip=1)
+    # warming up, then measuring: the idle follows each step's own compute
+    assert [slow.idle_s(c) for c in (0.050, 0.010, 0.012, 0.011)] == pytest.approx(
+        [0.100, 0.020, 0.024, 0.022])
+    # then fixed at twice the median of the measured steps, whatever a step took
+    # (a step that waited for a core is not idled again)
+    assert slow.idle_s(0.040) == pytest.approx(0.022)
+    assert slow.idle_s(0.005) == pytest.approx(0.022)
+
+
 def test_the_servers_listen_on_the_loopback_only(no_leftover_ranks):
     out = parlab.launch(ps.train_parameter_server, 4, args=("async", 2, "mlp", 32, 3, 0.1))
     for server in out.results[:2]:

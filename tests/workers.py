@@ -16,6 +16,10 @@ def rank_info(rank, world_size):
             "torch_rand": float(torch.rand(1)), "py_rand": random.random()}
 
 
+def cores_of_rank(rank, world_size):
+    return sorted(os.sched_getaffinity(0))
+
+
 def where_the_rank_runs(rank, world_size, variable):
     """The rank's folder, one environment variable and its parent; it prints a line."""
     print(f"hello from rank {rank}")

@@ -146,7 +146,11 @@ def throughput_grows_then_levels(m: dict):
     if not grows:
         why.append(f"the step time more than doubled from batch {b[0]} to {b[1]}: fixed costs "
                    f"did not dominate even the smallest batches")
-    if not levels:
+    if not levels and m["core_wait"] >= 0.1:
+        why.append(f"the step time grew only x{last:.2f} for x{b[-1] // b[-2]} the batch: "
+                   f"the sweep waited for a core, and a step that waits the same time at "
+                   f"every batch size hides how the work grew")
+    elif not levels:
         why.append(f"the step time grew only x{last:.2f} for x{b[-1] // b[-2]} the batch: "
                    f"{m['device']} was not saturated at batch {b[-1]}")
     why.append(f"{m['core_wait']:.0%} of the sweep waiting for a core, load average "

@@ -181,7 +181,8 @@ def parameter_server_explorer(here, measured=None, net=None, *, per_worker: int 
 
 
 # ------------------------------------------------------------------ lessons
-STRAGGLER = {2: 3.0}    # worker rank 2 computes 3x slower (emulated: it idles for the rest)
+STRAGGLER = {2: 3.0}    # worker rank 2 computes 3x slower (emulated: it idles for the rest,
+#                         a time measured once: parameter_server.EmulatedSlowdown)
 
 
 def straggler_runs(devices=None, update=None, steps: int = 100, model: str = "cnn") -> dict:
@@ -214,7 +215,7 @@ def _straggler_experiment() -> dict:
 
 
 @lessons.lesson("06.async_beats_sync",
-                "with one worker 3x slower, the asynchronous server trains on more samples "
+                "with one worker computing 3x slower, the asynchronous server trains on more samples "
                 "per second than the synchronous one (at least 1.25x; without communication "
                 "costs, (s + 1) / 2 = 2x for a worker s = 3 times slower)",
                 _straggler_experiment)

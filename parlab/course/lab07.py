@@ -101,7 +101,7 @@ def run_hybrid_library(shape: dict | None = None, *, sizes=None, global_batch: i
 
 def survey_hybrid(shapes=HYBRID_SHAPES, *, sizes=None, global_batch: int = 64, steps: int = 8,
                   micro_batches: int = 4, schedule="1f1b", timeout: float = 240.0,
-                  devices=None) -> dict:
+                  devices=None, pin_cores: bool = False) -> dict:
     """Calibrate the cost model here, then measure every mesh shape, in one launch.
 
     Returns {"cluster": the calibrated ``sim.Cluster``, "calibration": the raw costs,
@@ -124,7 +124,7 @@ def survey_hybrid(shapes=HYBRID_SHAPES, *, sizes=None, global_batch: int = 64, s
     world = worlds.pop()
     res = launch(hybrid.survey, world, args=(prepared, sizes, global_batch, steps,
                                              micro_batches),
-                 timeout=timeout, devices=devices)
+                 timeout=timeout, devices=devices, pin_cores=pin_cores)
     cal = res.results[0]["calibration"]
     cluster = sim.calibrated(cal, sizes, devices=world)
     workload = sim.Workload.mlp(sizes)
@@ -352,7 +352,7 @@ def survey_numbers(survey: dict) -> dict:
 
 
 def _survey_experiment() -> dict:
-    return survey_numbers(survey_hybrid(steps=12))
+    return survey_numbers(survey_hybrid(steps=12, pin_cores=True))
 
 
 @lessons.lesson("07.axis_bytes_match_formula",
@@ -396,40 +396,36 @@ def spearman(a, b) -> float:
     return float((ra * rb).sum()) / den if den else 0.0
 
 
-RANK_AGREEMENT = 0.83   # one-sided 5 % critical value of Spearman's rho for n = 6 (0.829)
+DP_MARGIN = 1.3     # dp 4's step against the quickest shape that splits the model
 
 
-@lessons.lesson("07.model_ranks_shapes",
-                "the cost model calibrated here ranks the six mesh shapes in the order this "
-                "machine measures their steps: Spearman's rank correlation of predicted and "
-                "measured step times at least 0.83 (for 6 shapes, an agreement that chance "
-                "alone reaches less than 1 time in 20)",
+@lessons.lesson("07.data_parallel_quickest_here",
+                "for this small MLP, whose replica fits on every device, plain data parallel "
+                "(dp 4) takes the quickest step of the six shapes, at least 1.3x quicker than "
+                "every shape that splits the model (tp or pp): it exchanges once per step, "
+                "they exchange at every pair of layers or every micro-batch",
                 _survey_experiment)
-def model_ranks_shapes(m: dict):
+def data_parallel_quickest_here(m: dict):
     shapes = m["shapes"]
-    measured, predicted = [x["measured_s"] for x in shapes], [x["predicted_s"] for x in shapes]
-    rho = spearman(predicted, measured)
-
-    def fastest(times):
-        best = min(times)
-        return " = ".join(x["label"] for x, t in zip(shapes, times) if t == best)
-    figures = (f"Spearman rho {rho:.2f} over {len(shapes)} shapes; fastest PREDICTED "
-               f"{fastest(predicted)}, measured {fastest(measured)}")
-    ratio = sorted((x["measured_s"] / x["predicted_s"], x["label"]) for x in shapes)
-    wait = sum(x["core_wait"] for x in shapes) / len(shapes)
-    why = (f"measured / PREDICTED runs from {ratio[0][0]:.2f}x ({ratio[0][1]}) to "
-           f"{ratio[-1][0]:.2f}x ({ratio[-1][1]}): the model leaves out what slows some shapes "
-           f"more than others; the {m['ranks']} ranks shared {m['cores']} cores and spent "
-           f"{wait:.0%} of their time waiting for one")
-    same = {}           # shapes the model cannot tell apart (dp 4 × tp 1 and dp 4 × pp 1)
-    for x in shapes:
-        same.setdefault(round(x["predicted_s"], 12), []).append(x)
-    twins = [g for g in same.values() if len(g) > 1]
-    if twins:
-        def spread(g):
-            t = [x["measured_s"] for x in g]
-            return max(t) / min(t)
-        g = max(twins, key=spread)
-        why += (f"; the same plan measured twice ({' and '.join(x['label'] for x in g)}) "
-                f"differed {spread(g):.2f}x, the noise the ranking has to beat")
-    return rho >= RANK_AGREEMENT, figures, why
+    dp = [x for x in shapes if x["label"].startswith(f"dp {m['ranks']} ")]
+    split = [x for x in shapes if x not in dp]
+    if not dp or not split:
+        return False, f"{len(dp)} pure data-parallel and {len(split)} split shapes", \
+            "the survey needs both"
+    # dp 4 × tp 1 and dp 4 × pp 1 are the same plan, measured twice: their mean
+    dp_s = sum(x["measured_s"] for x in dp) / len(dp)
+    best = min(split, key=lambda x: x["measured_s"])
+    margin = best["measured_s"] / dp_s
+    rho = spearman([x["predicted_s"] for x in shapes], [x["measured_s"] for x in shapes])
+    figures = (f"dp {m['ranks']} {dp_s * 1e3:.1f} ms a step (mean of its {len(dp)} "
+               f"measurements); the quickest split shape, {best['label']}, "
+               f"{best['measured_s'] * 1e3:.1f} ms: {margin:.2f}x (the cost model's rank "
+               f"correlation with the measured order this run, PREDICTED: rho {rho:.2f})")
+    wait = {x["label"]: x["core_wait"] for x in shapes}
+    why = (f"the ranks waited for a core {wait[dp[0]['label']]:.0%} of dp {m['ranks']}'s time "
+           f"and {wait[best['label']]:.0%} of {best['label']}'s ({m['ranks']} ranks on "
+           f"{m['cores']} cores)")
+    if len(dp) > 1:
+        t = [x["measured_s"] for x in dp]
+        why += f"; the two measurements of dp {m['ranks']} differed {max(t) / min(t):.2f}x"
+    return margin >= DP_MARGIN, figures, why

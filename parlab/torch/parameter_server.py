@@ -163,6 +163,32 @@ def _serve(g: Group, workers: list[int], mode: str, shard: torch.Tensor, total: 
 
 
 # ------------------------------------------------------------------ worker
+class EmulatedSlowdown:
+    """A worker whose computation is ``factor`` times slower than it is, without taking
+    a core from others: after each gradient it idles ``factor - 1`` times its compute
+    time C (forward and backward).
+
+    C is measured once: the median over ``measure`` steps after the first ``skip``
+    (which pay for warming up); until then the idle follows each step's own compute.
+    An idle that followed every step's compute would grow with contention: where
+    workers share cores, a step that waited for a core would idle that wait again,
+    ``factor - 1`` times, and the slowdown would change with the load. Pulling and
+    pushing are not slowed, so the worker's whole step is less than ``factor`` times
+    slower: how much less depends on how long they take beside the compute.
+    """
+
+    def __init__(self, factor: float, measure: int = 5, skip: int = 2):
+        self.factor, self.measure, self.skip = float(factor), measure, skip
+        self.seen: list[float] = []
+
+    def idle_s(self, compute_s: float) -> float:
+        """Seconds to idle after a step whose forward and backward took ``compute_s``."""
+        if len(self.seen) < self.skip + self.measure:
+            self.seen.append(compute_s)
+            return (self.factor - 1) * compute_s
+        return (self.factor - 1) * float(np.median(self.seen[self.skip:]))
+
+
 def _work(g: Group, servers: list[int], bounds, model: nn.Module, batches, rows: slice,
           slowdown: float) -> dict:
     """Pull, compute, push until server 0 says stop; then say goodbye to every server.
@@ -178,6 +204,7 @@ def _work(g: Group, servers: list[int], bounds, model: nn.Module, batches, rows:
     loss_fn = nn.CrossEntropyLoss()
     steps: list[dict] = []
     sends: list = []
+    slow = EmulatedSlowdown(slowdown)
     while True:
         for i, (a, b) in enumerate(bounds):              # shard i lives on servers[i]
             comm.recv(headers_in[i], servers[i], name="wait for server", kind=WAIT, group=g)
@@ -199,11 +226,9 @@ def _work(g: Group, servers: list[int], bounds, model: nn.Module, batches, rows:
         with span("backward"):
             loss.backward()
         if slowdown > 1:
-            # Emulated slow device: idle for (slowdown - 1) times the real compute, so
-            # this rank computes `slowdown` times slower without taking a core from others.
             runtime.synchronize(device)
             with span("emulated slowdown"):
-                time.sleep((slowdown - 1) * (time.perf_counter() - t0))
+                time.sleep(slow.idle_s(time.perf_counter() - t0))
         grads = flat_gradients(model).cpu()
         steps.append({"time": _now(), "loss": loss.item(), "read_version": int(headers_in[0][0])})
         sends = []
