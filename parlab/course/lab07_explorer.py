@@ -70,8 +70,10 @@ def strategy_explorer(here=None, *, global_batches=None, run_shape=None):
         tp.options = divisors(n)
         tp.value = 2 if n % 2 == 0 else 1
         # language models: a few sequences per micro-batch, or the activations never fit
-        # (the lab MLP: m = 4 in a pipeline, as measured in the lab)
-        micro.value = -4 if model.value.startswith("lab") else 4
+        # (GPT-3 fits nowhere with 4: at 80 GB per H100, one sequence per micro-batch
+        # needs 16 nodes of 8; the lab MLP: m = 4 in a pipeline, as measured in the lab)
+        micro.value = (-4 if model.value.startswith("lab")
+                       else 1 if model.value.startswith("GPT-3") else 4)
         busy.pop()
         refresh_pp()
 
