@@ -131,7 +131,7 @@ def scheme_runs(steps: int = 20, devices=None, sizes=SIZES) -> dict:
     from ..hardware import devices as find_devices
     from ..torch import tensor_parallel as tp
     devices = devices or find_devices(2)
-    return {scheme: launch(tp.train_sliced, 2, devices=devices,
+    return {scheme: launch(tp.train_sliced, 2, devices=devices, pin_cores=True,
                            kwargs=dict(sizes=sizes, scheme=scheme, steps=steps))
             for scheme in ("naive", "column_row")}
 
