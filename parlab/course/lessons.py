@@ -17,7 +17,17 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-LABS = tuple(f"{n:02d}" for n in range(9))
+def _labs() -> tuple[str, ...]:
+    """The lab numbers that have a module here (``labNN.py``), in order."""
+    import pkgutil
+    import re
+
+    from . import __path__ as here
+    return tuple(sorted(m.name[3:] for m in pkgutil.iter_modules(here)
+                        if re.fullmatch(r"lab\d\d", m.name)))
+
+
+LABS = _labs()
 
 
 @dataclass(frozen=True)
