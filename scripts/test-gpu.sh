@@ -34,10 +34,19 @@ if ! "$PYTHON" -c 'import pytest, nbval, ipykernel, cloudpickle, matplotlib, psu
              "on a machine with internet and copy wheels/ here" >&2
         exit 2
     fi
-    [ -x .venv-gpu/bin/python ] || "$PYTHON" -m venv --system-site-packages .venv-gpu || exit 2
-    .venv-gpu/bin/python -m pip install --quiet --no-index --find-links wheels \
-        -r scripts/gpu-requirements.txt || exit 2
-    PYTHON=.venv-gpu/bin/python
+    if "$PYTHON" -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; then
+        # The Python is itself a virtual environment (the GPU machines' /opt/torch/.venv):
+        # a venv made from it would see the base interpreter's packages, not its torch.
+        # Install the tools beside it instead, into a folder put on PYTHONPATH.
+        "$PYTHON" -m pip install --quiet --no-index --find-links wheels --target .gpu-site \
+            -r scripts/gpu-requirements.txt || exit 2
+        export PYTHONPATH="$(pwd)/.gpu-site${PYTHONPATH:+:$PYTHONPATH}"
+    else
+        [ -x .venv-gpu/bin/python ] || "$PYTHON" -m venv --system-site-packages .venv-gpu || exit 2
+        .venv-gpu/bin/python -m pip install --quiet --no-index --find-links wheels \
+            -r scripts/gpu-requirements.txt || exit 2
+        PYTHON=.venv-gpu/bin/python
+    fi
 fi
 
 export PYTHONPATH="$(pwd):$(pwd)/tests${PYTHONPATH:+:$PYTHONPATH}"

@@ -114,22 +114,57 @@ def test_clock_alignment_lines_up_ranks_with_skewed_clocks(align, no_leftover_ra
         assert min(gaps) > 4.9, gaps
 
 
-def test_cuda_event_times_map_onto_the_host_clock():
-    runtime = pytest.importorskip("parlab.torch.runtime")
+class _FakeGpu:
+    """A stream whose work finishes when told: events get the GPU's time when recorded."""
 
+    def __init__(self):
+        self.now_ms, self.done_ms, self.created = 1000.0, 1000.0, 0
+
+    def synchronize(self):
+        self.done_ms = self.now_ms
+
+
+def _fake_event_class(gpu):
     class FakeEvent:
-        def __init__(self, gpu_ms):
-            self.gpu_ms = gpu_ms
+        def __init__(self, enable_timing=True):
+            gpu.created += 1
+            self.gpu_ms = None
 
-        def synchronize(self):
-            pass
+        def record(self, stream=None):
+            gpu.now_ms += 10.0
+            self.gpu_ms = gpu.now_ms
+
+        def query(self):
+            return self.gpu_ms <= gpu.done_ms
 
         def elapsed_time(self, other):
             return other.gpu_ms - self.gpu_ms
+    return FakeEvent
 
+
+def test_cuda_event_times_map_onto_the_host_clock_and_events_are_reused(monkeypatch):
+    runtime = pytest.importorskip("parlab.torch.runtime")
+    gpu = _FakeGpu()
+    monkeypatch.setattr(runtime.torch.cuda, "Event", _fake_event_class(gpu))
     timer = runtime.CudaEventTimer.__new__(runtime.CudaEventTimer)
-    timer.reference, timer.reference_host = FakeEvent(1000.0), 50.0
-    assert timer.resolve(FakeEvent(1250.0)) == pytest.approx(50.25)
+    timer.stream, timer.reference_host = gpu, 50.0
+    timer.reference = runtime.torch.cuda.Event()
+    timer.reference.gpu_ms = 1000.0
+    timer._free, timer._pending, timer._times, timer._harvest_at = [], [], [], 4
+    gpu.created = 0
+
+    slots = [timer.mark() for _ in range(3)]         # the GPU has not passed them yet
+    assert gpu.created == 3 and timer._pending
+    assert timer.resolve(slots[0]) == pytest.approx(50.010)   # waits for the GPU, reads all
+    assert [timer.resolve(s) for s in slots] == pytest.approx([50.010, 50.020, 50.030])
+    assert len(timer._free) == 3 and not timer._pending
+    again = [timer.mark() for _ in range(3)]          # recorded on the freed events
+    assert gpu.created == 3
+    gpu.synchronize()
+    timer.mark()                 # a 4th pending mark (a new event) reads the passed ones
+    assert len(timer._pending) == 1 and len(timer._free) == 3 and gpu.created == 4
+    assert [timer.resolve(s) for s in again] == pytest.approx([50.040, 50.050, 50.060])
+    assert timer.resolve(len(timer._times) - 1) == pytest.approx(50.070)
 
 
 def test_reduce_scatter_refuses_a_size_that_does_not_divide(no_leftover_ranks):

@@ -179,6 +179,23 @@ def _lab01_loops(steps: int, repeats: int) -> tuple[float, float]:
     return statistics.median(plain), statistics.median(traced)
 
 
+def _gpu_span_cost(n: int = 5000) -> str:
+    """What one span costs the host on a GPU: two CUDA events created and recorded."""
+    import torch
+
+    from parlab.recorders import recording
+    from parlab.torch.runtime import CudaEventTimer
+    device = torch.device("cuda", 0)
+    with recording(timer=CudaEventTimer(device)) as rec:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            with rec.span("probe"):
+                pass
+        cost = (time.perf_counter() - t0) / n
+        rec.spans()           # resolving waits for the events: not part of the span's cost
+    return f"one span on a GPU rank costs the host {cost * 1e6:.1f} us (two CUDA events)"
+
+
 def _shared_vs_cpu(n: int, steps: int) -> tuple[float, float]:
     """Median step seconds of lab 05's data-parallel step by hand: CPU simulation, shared GPU."""
     from parlab.hardware import devices
@@ -210,6 +227,7 @@ def gpu_lines(steps: int = 30) -> list[str]:
     lines = [f"tracing overhead on {n} GPU rank{'s' * (n > 1)} (CUDA events, synchronised blocks): "
              f"{wall - 1:+.1%} of a {plain * 1e3:.2f} ms step (middle half {lo - 1:+.1%} .. "
              f"{hi - 1:+.1%}); target < 2 %: {'meets' if wall - 1 < 0.02 else 'MISSES'}"]
+    lines.append(_gpu_span_cost())
     p, t = _lab01_loops(min(steps, 15), 5)   # the digits give 22 batches of 64 per epoch
     lines.append(f"lab 01 on cuda:0: plain loop {p * 1e3:.2f} ms, traced loop (step_timeline) "
                  f"{t * 1e3:.2f} ms per step: speed {p / t:.2f}x the plain loop; target >= 0.98: "
