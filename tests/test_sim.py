@@ -388,9 +388,12 @@ def test_a_rank_that_blocked_resumes_a_wake_up_later():
 
 def test_presets_derate_their_datasheets_and_say_so():
     h100, a100, t4 = sim.h100_nvlink(), sim.a100_nvlink(), sim.t4_pcie()
-    assert h100.flops == pytest.approx(0.4 * 989e12)             # sustained, not peak
+    # the maximum achievable matrix rate, not the peak (989 and 312 TFLOP/s)
+    assert h100.flops == h100.matrix.rate == 794.5e12 and h100.matrix.sms == 132
+    assert a100.flops == a100.matrix.rate == 271.2e12 and a100.matrix.sms == 108
+    assert t4.flops == pytest.approx(0.4 * 65e12)                # no published maximum
     assert h100.intra.bandwidth_Bps == pytest.approx(0.8 * 450e9)
-    assert a100.memory_bandwidth_Bps == pytest.approx(0.8 * 2039e9)
+    assert a100.memory_bandwidth_Bps == pytest.approx(0.9 * 2039e9)
     assert t4.memory_bytes == 16e9 and t4.devices == 2
     ib = sim.h100_infiniband(2)
     assert ib.devices == 16 and ib.link(16) is ib.inter and ib.link(8) is ib.intra

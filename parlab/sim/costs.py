@@ -5,11 +5,15 @@ The network and its layers are ``sim.network`` and ``sim.layers`` (re-exported h
 The seconds come from one of two sources, both answering ``forward_s(layer, batch,
 shard)``, ``backward_s(...)`` and ``update_s(params)``:
 
-* :class:`Roofline`: from a device's sustained FLOP/s and memory bandwidth. A pass
-  takes ``max(flops / rate, bytes / bandwidth)`` for its matrix products (the roofline,
-  Williams, Waterman & Patterson, 2009), plus the bytes of its element-wise work over
-  the bandwidth, plus a fixed cost per pass (launching kernels, Python). Backward: twice
-  the forward's FLOPs and bytes (a gradient for the input and one for the weights).
+* :class:`Roofline`: from a device's matrix rate and memory bandwidth. A pass takes
+  its matrix products' time, plus the bytes of its element-wise work over the bandwidth,
+  plus a fixed cost per pass (launching kernels, Python). On a device with a
+  ``matrix`` unit (``sim.gemm.MatrixUnit``: the GPU presets) each product of the layer
+  (``Layer.gemms``) is priced by its shape, tiles and waves, so a product sliced thin by
+  tensor parallelism runs below the full rate; otherwise (or for a layer without
+  ``gemms``) ``max(flops / rate, bytes / bandwidth)`` (the roofline, Williams, Waterman
+  & Patterson, 2009). Backward: each product becomes two (a gradient for the input and
+  one for the weights: twice the FLOPs), the element-wise bytes twice.
 * :class:`Measured`: seconds measured here, per layer at one batch size (or fitted over
   two: a fixed part per pass and a part per sample). ``from_timeline`` turns a measured
   single-device Timeline into them.
@@ -23,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..metrics import fit_line
+from .gemm import pass_s
 from .layers import Gemm, Layer  # noqa: F401 (sim.costs.Layer, as before)
 from .network import Network
 
@@ -33,7 +38,7 @@ class Roofline:
 
     cluster: anything with ``flops`` (sustained FLOP/s), ``memory_bandwidth_Bps``
     (sustained) and ``layer_overhead_s`` (fixed cost of one layer's pass), e.g. a
-    ``sim.Cluster``.
+    ``sim.Cluster``; with a ``matrix`` unit, matrix products are priced by their shape.
     """
 
     source = "roofline"
@@ -43,11 +48,22 @@ class Roofline:
 
     def _pass_s(self, i: int, batch: float, shard: int, factor: float) -> float:
         layer, c, ab = self.net.layers[i], self.cluster, self.net.act_bytes
+        return c.layer_overhead_s + self._matmul_s(i, batch, shard, factor) + factor * (
+            self._elementwise_bytes(layer, shard) * batch / c.memory_bandwidth_Bps)
+
+    def _matmul_s(self, i: int, batch: float, shard: int, factor: float) -> float:
+        layer, c, ab = self.net.layers[i], self.cluster, self.net.act_bytes
+        unit = getattr(c, "matrix", None)
+        if unit is not None and layer.gemms:
+            return pass_s(unit, layer.gemms, batch, shard, ab, backward=factor > 1)
         matmul_bytes = (layer.params * ab + (layer.out_elems + _in_elems(self.net, i))
                         * batch * ab) / shard
-        matmul = max(layer.flops * batch / shard / c.flops, matmul_bytes / c.memory_bandwidth_Bps)
-        elementwise = (layer.elementwise_bytes / shard + layer.replicated_bytes) * batch
-        return c.layer_overhead_s + factor * (matmul + elementwise / c.memory_bandwidth_Bps)
+        return factor * max(layer.flops * batch / shard / c.flops,
+                            matmul_bytes / c.memory_bandwidth_Bps)
+
+    def _elementwise_bytes(self, layer, shard: int) -> float:
+        """Per sample: the element-wise work tp slices, and the work every tp rank repeats."""
+        return layer.elementwise_bytes / shard + layer.replicated_bytes
 
     def forward_s(self, i: int, batch: float, shard: int = 1) -> float:
         return self._pass_s(i, batch, shard, 1.0)

@@ -100,7 +100,8 @@ def memory_per_device(net: Network, batch: int, *, dp: int = 1, tp: int = 1, pp:
     for s in range(pp):
         parts = [Stage(net, costs, cuts[c * pp + s], mesh, scheme) for c in range(chunks)]
         params = sum(p.params() for p in parts)
-        per_chunk = [sum(net.layers[i].saved_elems / p._sliced(i) for i in p.layers)
+        per_chunk = [sum(net.layers[i].saved_elems / p._sliced(i)
+                         + net.layers[i].saved_replicated_elems for i in p.layers)
                      * mb * net.act_bytes for p in parts]
         acts = _peak_activations(ops[s], per_chunk)
         st = net.state
@@ -132,7 +133,8 @@ def parameter_server_memory(net: Network, batch: int, *, workers: int = 2, serve
     capacity = cluster.memory_bytes if cluster is not None else float("inf")
     p, st = net.params, net.state
     shard = p / servers
-    acts = sum(layer.saved_elems for layer in net.layers) * per * net.act_bytes
+    acts = sum(layer.saved_elems + layer.saved_replicated_elems
+               for layer in net.layers) * per * net.act_bytes
     return {"server": Memory("server", shard * st["params"], shard * st["grads"],
                              shard * st["optimizer"], 0.0, capacity),
             "worker": Memory("worker", p * st["params"], p * st["grads"], 0.0, acts, capacity)}

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from ..metrics import fit_link, pipeline_bubble
 from .calibrate import fit_compute
 from .checks import amount, count
+from .gemm import MatrixUnit
 
 AXES = ("dp", "pp", "tp")      # the default order: tensor parallel innermost (fastest)
 
@@ -91,6 +92,8 @@ class Cluster:
     memory_bandwidth_Bps: float = math.inf   # sustained, per device: the roofline's slope
     wake_latency_s: float = 0.0     # a rank that blocked on a peer resumes this late (CPU)
     cores: int = 0                  # processors the devices share (0: each its own, GPUs)
+    matrix: MatrixUnit | None = None    # prices matrix products by shape (sim.gemm); None:
+                                        # flops for all of them
 
     def __post_init__(self):
         owner = f"Cluster {self.name!r}"
@@ -104,6 +107,9 @@ class Cluster:
                unit="bytes per second", positive=True, infinite=True)
         for name in ("layer_overhead_s", "collective_overhead_s", "wake_latency_s"):
             amount(owner, name, getattr(self, name), unit="seconds")
+        if self.matrix is not None and not isinstance(self.matrix, MatrixUnit):
+            raise ValueError(f"{owner}: matrix must be a sim.gemm.MatrixUnit or None, got "
+                             f"{self.matrix!r}")
         for name in ("intra", "inter"):
             if not isinstance(getattr(self, name), Link):
                 raise ValueError(f"{owner}: {name} must be a Link(latency_s, bandwidth_Bps), "

@@ -110,36 +110,45 @@ class Network:
 
     @classmethod
     def transformer(cls, name: str, layers: int, hidden: int, heads: int, seq: int,
-                    vocab: int = 0) -> "Network":
+                    vocab: int = 0, *, flash: bool = False) -> "Network":
         """A GPT-style decoder in mixed precision with Adam; a sample = one sequence.
 
-        Per block: 12 h^2 parameters; forward FLOPs 24 s h^2 (the four projections and
-        the MLP) + 4 s^2 h (scores and their use) (Narayanan et al., 2021, eq. 3, /3
-        for the forward alone); kept for backward s h (34 + 5 a s / h) bytes
-        (Korthikanti et al., 2022, eq. 1). Element-wise: softmax and dropout over a s^2
-        scores and GeLU over 4 s h split by tp; two layer norms, two dropouts and two
-        residual adds over s h repeated on every tp rank (what sequence parallelism
-        later removed). Under tensor parallelism a block all-reduces its s h output twice
-        forward and its input's gradient twice backward (Shoeybi et al., 2019, fig. 4).
-        The embedding (vocab h) is a layer of its own when vocab > 0.
+        ``layers`` GPT blocks (``sim.blocks.block``: 12 h^2 + 13 h parameters, forward
+        FLOPs 24 s h^2 + 4 s^2 h, s h (34 + 5 a s / h) bytes kept, Korthikanti et al.,
+        2022, eq. 1); with a vocabulary, an embedding before them and the logits after
+        (its matrix tied to the embedding's, GPT-2 and Megatron-LM's). flash: flash
+        attention (the s^2 tensors neither stored nor written to memory).
         """
-        s, h, a = seq, hidden, heads
-        block = Layer("block", 12 * h * h + 13 * h, 24.0 * s * h * h + 4.0 * s * s * h,
-                      out_elems=s * h, saved_elems=s * h * (34 + 5 * a * s / h) / 2,
-                      elementwise_bytes=2.0 * (3 * 2 * a * s * s + 2 * 4 * s * h),
-                      replicated_bytes=2.0 * (2 * 2 + 2 * 2 + 2 * 3) * s * h,
-                      tp_all_reduces=2)
-        body = tuple(Layer(f"block{k}", block.params, block.flops, block.out_elems,
-                           block.saved_elems, block.elementwise_bytes, block.replicated_bytes,
-                           block.tp_all_reduces)
-                     for k in range(counted(layers, "layers")))
-        if vocab:       # its matrix also gives the logits: 2 s h V FLOPs, sliced by vocab
-            head = Layer("embedding", vocab * h, 2.0 * s * h * vocab, out_elems=s * h,
-                         saved_elems=s * h, tp_all_reduces=1)
-            body = (head, *body)
-        return cls(name, body, s * h, 2, {"params": 2, "grads": 2, "optimizer": 12},
-                   grad_wire_bytes=2, update_bytes=32.0)
+        return cls.decoder(name, layers, hidden, heads, seq, vocab, flash=flash)
 
+    @classmethod
+    def llama(cls, name: str, layers: int, hidden: int, heads: int, seq: int, vocab: int = 0,
+              *, kv_heads: int | None = None, ffn: int | None = None, tied: bool = False,
+              flash: bool = True) -> "Network":
+        """A Llama-style decoder (Touvron et al., 2023): grouped-query attention with
+        ``kv_heads`` key-value heads, a gated (SwiGLU) MLP of ``ffn`` units, RMSNorm, rotary
+        embeddings, no biases, no dropout, flash attention; untied input and output
+        matrices. E.g. Llama 2 7B: 32 layers, 4096, 32 heads, ffn 11008, vocab 32000."""
+        return cls.decoder(name, layers, hidden, heads, seq, vocab, kv_heads=kv_heads,
+                           ffn=ffn, gated=True, norm="rmsnorm", bias=False, dropout=False,
+                           rotary=True, flash=flash, tied=tied)
+
+    @classmethod
+    def decoder(cls, name: str, layers: int, hidden: int, heads: int, seq: int,
+                vocab: int = 0, *, tied: bool = True, **block_options) -> "Network":
+        """Any decoder of ``sim.blocks.block``s (its options), with an embedding and logits
+        when ``vocab`` > 0; bf16 activations, Adam in mixed precision (16 bytes per
+        parameter, Rajbhandari et al., 2020)."""
+        from .blocks import block, embedding, head
+        norm = block_options.get("norm", "layernorm")
+        body = [block(f"block{k}", seq, hidden, heads, **block_options)
+                for k in range(counted(layers, "layers"))]
+        if vocab:
+            body = [embedding(seq, hidden, vocab), *body,
+                    head(seq, hidden, vocab, tied=tied, norm=norm)]
+        state, update = optimizer_state("adam", 2)
+        return cls(name, tuple(body), seq * hidden, 2, state, grad_wire_bytes=2,
+                   update_bytes=update)
 
     @classmethod
     def unet(cls, image: int = 128, in_channels: int = 3, classes: int = 3, base: int = 16,
