@@ -69,7 +69,8 @@ def a100_nvlink(devices: int = 8) -> Cluster:
     """A DGX A100-like node: 8 × A100 SXM4 80 GB on NVSwitch.
 
     NVIDIA A100 datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf): 80 GB
-    HBM2e at 2039 GB/s; 312 TFLOP/s dense BF16/FP16 (624 with sparsity), 108 SMs;
+    HBM2e at 2039 GB/s; between nodes 8 HDR cards of 200 Gb/s, one per GPU (DGX A100 user
+    guide): 25 GB/s each; 312 TFLOP/s dense BF16/FP16 (624 with sparsity), 108 SMs;
     NVLink 3: 600 GB/s per GPU both directions together, 300 GB/s each way.
     """
     devices = count("a100_nvlink", "devices", devices)
@@ -83,19 +84,23 @@ def h100_nvlink(devices: int = 8) -> Cluster:
 
     NVIDIA H100 datasheet (https://www.nvidia.com/en-us/data-center/h100/): 80 GB HBM3
     at 3.35 TB/s; 989 TFLOP/s dense BF16 (1979 with sparsity), 132 SMs; NVLink 4:
-    900 GB/s per GPU both directions together, 450 GB/s each way.
+    900 GB/s per GPU both directions together, 450 GB/s each way; third-generation
+    NVSwitch with NVLink SHARP, which NCCL (2.17 and later) uses for all-reduces by
+    default (``nvls``; turn it off with ``dataclasses.replace(c, nvls=False)``, as
+    NCCL_NVLS_ENABLE=0 does). The node's 8 ConnectX-7 cards: ``h100_infiniband``.
     """
     devices = count("h100_nvlink", "devices", devices)
-    return _gpu(f"{devices} × H100 (NVLink)", devices, 8, 80, MAX_ACHIEVABLE["H100"], 132,
-                3.35e12,
-                450e9, 3e-6, 50e9, 8e-6)
+    return replace(_gpu(f"{devices} × H100 (NVLink)", devices, 8, 80, MAX_ACHIEVABLE["H100"],
+                        132, 3.35e12, 450e9, 3e-6, 50e9, 8e-6), nvls=True)
 
 
 def h100_infiniband(nodes: int = 2) -> Cluster:
     """``nodes`` DGX H100-like nodes joined by InfiniBand NDR.
 
     DGX H100 user guide: 8 ConnectX-7 ports of 400 Gb/s per node, one per GPU: 50 GB/s
-    per GPU between nodes (each way), against 450 GB/s of NVLink inside a node.
+    per GPU between nodes (each way), against 450 GB/s of NVLink inside a node. A
+    collective across nodes uses every card its members drive (``sim.collectives``:
+    multi-rail rings; a whole node's 8 cards carry 8 x 40 GB/s sustained).
     """
     nodes = count("h100_infiniband", "nodes", nodes)
     inside = h100_nvlink(8)

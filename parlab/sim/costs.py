@@ -62,8 +62,25 @@ class Roofline:
                             matmul_bytes / c.memory_bandwidth_Bps)
 
     def _elementwise_bytes(self, layer, shard: int) -> float:
-        """Per sample: the element-wise work tp slices, and the work every tp rank repeats."""
-        return layer.elementwise_bytes / shard + layer.replicated_bytes
+        """Per sample: the element-wise work tp slices, and the work every tp rank repeats
+        (split too under sequence parallelism)."""
+        repeated = shard if self.net.sequence_parallel else 1
+        return layer.elementwise_bytes / shard + layer.replicated_bytes / repeated
+
+    def recompute_s(self, i: int, batch: float, shard: int = 1) -> float:
+        """Selective recomputation of layer i: attention's products (those without
+        weights) and element-wise work, forward, once more."""
+        layer, c = self.net.layers[i], self.cluster
+        if not layer.attention_elems:
+            return 0.0
+        unit = getattr(c, "matrix", None)
+        scores = tuple(g for g in layer.gemms if not g.weights)
+        if unit is not None and scores:
+            matmul = pass_s(unit, scores, batch, shard, self.net.act_bytes)
+        else:
+            matmul = sum(g.flops for g in scores) * batch / shard / c.flops
+        return c.layer_overhead_s + matmul + layer.attention_bytes * batch / shard / \
+            c.memory_bandwidth_Bps
 
     def forward_s(self, i: int, batch: float, shard: int = 1) -> float:
         return self._pass_s(i, batch, shard, 1.0)
@@ -108,6 +125,10 @@ class Measured:
 
     def update_s(self, params: float) -> float:
         return self.update * params / max(self.params, 1)
+
+    def recompute_s(self, i: int, batch: float, shard: int = 1) -> float:
+        """Selective recomputation: nothing measured here has attention to recompute."""
+        return 0.0
 
     @classmethod
     def from_timeline(cls, timelines, net: Network, *, rank: int | None = None,

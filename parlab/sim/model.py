@@ -31,43 +31,15 @@ from dataclasses import dataclass, field, replace
 from ..metrics import fit_link, pipeline_bubble
 from .calibrate import fit_compute
 from .checks import amount, count
+from .collectives import all_reduce_time, describe, spans_nodes
 from .gemm import MatrixUnit
+from .links import Link, all_reduce_s, send_s  # noqa: F401 (sim.model.Link, as before)
 
 AXES = ("dp", "pp", "tp")      # the default order: tensor parallel innermost (fastest)
 
 
 # ------------------------------------------------------------------ links and collectives
-@dataclass(frozen=True)
-class Link:
-    """A link's latency alpha (seconds) and bandwidth beta (bytes per second)."""
-
-    latency_s: float
-    bandwidth_Bps: float
-
-    def __post_init__(self):
-        amount("Link", "latency_s", self.latency_s, unit="seconds")
-        amount("Link", "bandwidth_Bps", self.bandwidth_Bps, unit="bytes per second",
-               positive=True, infinite=True)
-
-    def time(self, nbytes: float) -> float:
-        return self.latency_s + nbytes / self.bandwidth_Bps
-
-    def __str__(self) -> str:
-        return f"alpha {self.latency_s * 1e6:.0f} us, beta {self.bandwidth_Bps / 1e9:.3g} GB/s"
-
-
-def send_s(nbytes: float, link: Link) -> float:
-    """One point-to-point message: alpha + S / beta."""
-    return link.time(amount("send_s", "nbytes", nbytes, unit="bytes"))
-
-
-def all_reduce_s(nbytes: float, n: int, link: Link) -> float:
-    """Ring all-reduce of S bytes over n ranks: 2(n-1) alpha + 2(n-1)/n S / beta (0 if n = 1)."""
-    n = count("all_reduce_s", "n (ranks)", n)
-    nbytes = amount("all_reduce_s", "nbytes", nbytes, unit="bytes")
-    if n == 1:
-        return 0.0
-    return 2 * (n - 1) * link.latency_s + 2 * (n - 1) / n * nbytes / link.bandwidth_Bps
+# Link, send_s and all_reduce_s live in sim.links (sim.collectives builds on them)
 
 
 def bubble(stages: int, micro_batches: int) -> float:
@@ -94,12 +66,16 @@ class Cluster:
     cores: int = 0                  # processors the devices share (0: each its own, GPUs)
     matrix: MatrixUnit | None = None    # prices matrix products by shape (sim.gemm); None:
                                         # flops for all of them
+    nics_per_node: int = 0          # network cards a node's collectives spread over (0: one
+                                    # per device, as DGX nodes have); sim.collectives
+    nvls: bool = False              # NVLink SHARP: the NVSwitch reduces (H100 nodes)
 
     def __post_init__(self):
         owner = f"Cluster {self.name!r}"
         count(owner, "devices", self.devices)
         count(owner, "devices_per_node", self.devices_per_node)
         count(owner, "cores", self.cores, minimum=0)
+        count(owner, "nics_per_node", self.nics_per_node, minimum=0)
         amount(owner, "memory_bytes", self.memory_bytes, unit="bytes", positive=True,
                infinite=True)
         amount(owner, "flops", self.flops, unit="FLOP/s", positive=True, infinite=True)
@@ -240,6 +216,7 @@ class Prediction:
     fits: bool
     parts: dict                     # seconds per step: compute, bubble, tp, pp, dp
     links: dict = field(default_factory=dict)   # axis -> "intra" / "inter"
+    paths: dict = field(default_factory=dict)   # axis -> how its exchanges travel, in words
 
     @property
     def step_s(self) -> float:
@@ -259,6 +236,9 @@ def predict(w: Workload, c: Cluster, plan: Plan, global_batch: int, *,
     tp: every tp all-reduce on the critical path (they sit between layers).
     dp: the all-reduce of the device's gradients, once per step; ``overlap_dp`` hides it
         behind the backward pass (2/3 of the compute), as DDP's buckets do.
+    Each axis's all-reduce is priced for its group (``sim.collectives``): a ring inside
+    a node, a ring over every network card its members drive across nodes, NVLink
+    SHARP where the cluster has it; ``Prediction.paths`` says which, in words.
     Every collective call also pays the cluster's ``collective_overhead_s``.
     Memory: model states / (tp pp); activations of the micro-batches in flight (1F1B:
     at most p on the first stage) / pp, their tp-split part / tp.
@@ -271,6 +251,7 @@ def predict(w: Workload, c: Cluster, plan: Plan, global_batch: int, *,
     b = global_batch // plan.dp                  # the replica's samples
     m, p, t = plan.micro_batches, plan.pp, plan.tp
     link = {a: c.link(plan.span(a)) for a in plan.order}
+    stride = {a: plan.span(a) // getattr(plan, a) for a in plan.order}
     # one micro-batch through one stage: its layers, thinner by tp
     slot = (w.flops_per_sample * b / m / (t * p) / c.flops
             + 2 * (w.layers / p) * c.layer_overhead_s)
@@ -278,20 +259,24 @@ def predict(w: Workload, c: Cluster, plan: Plan, global_batch: int, *,
     parts["pp"] = 0.0 if p == 1 else (m + p - 1) * 2 * send_s(w.boundary_bytes * b / m,
                                                               link["pp"])
     n_tp = w.tp_messages * m / p                 # the stage's all-reduces, every micro-batch
-    parts["tp"] = 0.0 if t == 1 else n_tp * (
-        all_reduce_s(w.tp_bytes * (b / m) / w.tp_messages, t, link["tp"])
-        + c.collective_overhead_s)
+    parts["tp"] = 0.0 if t == 1 else n_tp * all_reduce_time(
+        c, w.tp_bytes * (b / m) / w.tp_messages, t, stride["tp"])
     grads = w.params / (t * p) * w.grad_bytes_per_param
-    dp_s = 0.0 if plan.dp == 1 else w.dp_messages * (
-        all_reduce_s(grads / w.dp_messages, plan.dp, link["dp"]) + c.collective_overhead_s)
+    dp_s = 0.0 if plan.dp == 1 else w.dp_messages * all_reduce_time(
+        c, grads / w.dp_messages, plan.dp, stride["dp"])
     parts["dp"] = max(0.0, dp_s - 2 / 3 * parts["compute"]) if overlap_dp else dp_s
     in_flight = b / m * min(p, m)
     states = w.params / (t * p) * w.state_bytes_per_param
     acts = in_flight * (w.act_split_bytes / t + w.act_whole_bytes) / p
     memory = {"states": states, "activations": acts, "total": states + acts}
-    return Prediction(plan, memory, memory["total"] <= c.memory_bytes, parts,
-                      {a: ("intra" if link[a] is c.intra else "inter")
-                       for a in plan.order if getattr(plan, a) > 1})
+    used = [a for a in plan.order if getattr(plan, a) > 1]
+    where = {a: ("inter" if (link[a] is not c.intra if a == "pp" else
+                             spans_nodes(c, getattr(plan, a), stride[a])) else "intra")
+             for a in used}
+    paths = {a: (f"{'inside a node' if where[a] == 'intra' else 'between nodes'}: "
+                 f"{link[a].bandwidth_Bps / 1e9:,.0f} GB/s point to point") if a == "pp"
+             else describe(c, getattr(plan, a), stride[a]) for a in used}
+    return Prediction(plan, memory, memory["total"] <= c.memory_bytes, parts, where, paths)
 
 
 def plans(devices: int, axes=("dp", "tp"), *, micro_batches: int = 1, order=AXES) -> list[Plan]:

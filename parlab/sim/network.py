@@ -20,6 +20,8 @@ from ..errors import counted
 from .checks import amount
 from .layers import Layer, linear, optimizer_state
 
+RECOMPUTE = (None, "selective", "full")
+
 
 @dataclass(frozen=True)
 class Network:
@@ -42,6 +44,8 @@ class Network:
     grad_wire_bytes: int = 4
     update_bytes: float = 12.0
     skips: tuple = ()                # (producer, consumer): layer j also reads layer i's output
+    recompute: str | None = None     # activation recomputation: None, "selective", "full"
+    sequence_parallel: bool = False  # tp ranks split the work they would repeat
 
     def __post_init__(self):
         owner = f"Network {self.name!r}"
@@ -54,6 +58,9 @@ class Network:
         amount(owner, "update_bytes", self.update_bytes, unit="bytes")
         for part in ("params", "grads", "optimizer"):
             amount(owner, f"state[{part!r}]", self.state.get(part), unit="bytes")
+        if self.recompute not in RECOMPUTE:
+            raise ValueError(f"{owner}: recompute must be one of {RECOMPUTE}, got "
+                             f"{self.recompute!r}")
         n = len(self.layers)
         for skip in self.skips:
             if (not isinstance(skip, tuple) or len(skip) != 2
@@ -62,6 +69,16 @@ class Network:
                 raise ValueError(f"{owner}: a skip is (producer, consumer), layer indices "
                                  f"with producer < consumer - 1 < {n} (-1: the input), got "
                                  f"{skip!r}")
+
+    def trained(self, *, recompute: str | None = None,
+                sequence_parallel: bool = False) -> "Network":
+        """The same network trained with activation recomputation ("full": keep each
+        layer's input and run its forward again before its backward; "selective": drop
+        and recompute attention's s^2 tensors, Korthikanti et al., 2022, section 5) and/or
+        sequence parallelism (the tp ranks split the norms, dropouts and residual adds they
+        would repeat, and what those keep; section 4.2.2)."""
+        from dataclasses import replace
+        return replace(self, recompute=recompute, sequence_parallel=bool(sequence_parallel))
 
     @property
     def params(self) -> int:
