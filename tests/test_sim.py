@@ -37,7 +37,9 @@ def _cluster(**kw):
 def test_one_device_is_all_compute():
     w = sim.Workload.mlp((64, 256, 10))
     p = sim.predict(w, _cluster(), sim.Plan(), 128)
-    assert p.parts["compute"] == pytest.approx(6 * w.params * 128 / 1e12)
+    # 2 a b FLOPs forward per Linear a -> b and sample, 3x that with the backward
+    assert w.flops_per_sample == 6 * (64 * 256 + 256 * 10)
+    assert p.parts["compute"] == pytest.approx(w.flops_per_sample * 128 / 1e12)
     assert p.step_s == pytest.approx(p.parts["compute"])
     assert p.memory["states"] == 8 * w.params and p.fits
 
@@ -47,7 +49,7 @@ def test_pure_data_parallel_adds_one_ring_all_reduce_of_the_gradients():
     c = _cluster()
     p = sim.predict(w, c, sim.Plan(dp=4), 128)
     assert p.parts["dp"] == pytest.approx(sim.all_reduce_s(4 * w.params, 4, LINK))
-    assert p.parts["compute"] == pytest.approx(6 * w.params * 32 / 1e12)   # a quarter of the batch
+    assert p.parts["compute"] == pytest.approx(w.flops_per_sample * 32 / 1e12)   # a quarter
     assert p.parts["tp"] == p.parts["pp"] == p.parts["bubble"] == 0
 
 
@@ -105,7 +107,7 @@ def test_calibration_recovers_known_costs():
     w = sim.Workload.mlp(sizes)
     rate, per_layer, link, extra = 2e9, 1e-4, sim.Link(2e-4, 5e8), 1e-3
     measured = {
-        "compute": {b: 2 * w.layers * per_layer + 6 * w.params * b / rate for b in (16, 64)},
+        "compute": {b: 2 * w.layers * per_layer + w.flops_per_sample * b / rate for b in (16, 64)},
         "send": {s: link.time(s) for s in (4096, 65536, 2**20)},
         "all_reduce": {2: {s: sim.all_reduce_s(s, 2, link) + extra for s in (4096, 2**20)}},
     }

@@ -222,3 +222,49 @@ def test_strategy_options_are_checked():
         sim.single_device(net, _cluster(), 8, recompute="some")
     with pytest.raises(ValueError, match="zero must be"):
         sim.memory(net, 8, dp=2, zero=True)
+
+
+# ------------------------------------------------------------------ one accounting
+def test_the_summary_model_is_made_from_the_network():
+    """Workload.of(net): lab 07's summary reads the same layers as the timelines: one
+    device's predicted compute is the timeline's forward and backward (its update aside)."""
+    net = sim.Network.transformer("gpt", 4, 1024, 16, 512, vocab=1000)
+    c = sim.h100_nvlink(8)
+    w = sim.Workload.of(net)
+    assert w.params == net.params and w.layers == len(net) == 6
+    assert w.flops_per_sample == 3 * sum(x.flops for x in net.layers)
+    assert w.state_bytes_per_param == 16 and w.grad_bytes_per_param == 2
+    p = sim.predict(w, c, sim.Plan(), 8)
+    tl = sim.single_device(net, c, 8)
+    update = sum(x.duration for x in tl if x.name == "update")
+    assert p.parts["compute"] == pytest.approx(tl.step_s - update)
+    # activations: Korthikanti's split and whole parts, plus the head's softmax (4 s V)
+    s, h, a = 512, 1024, 16
+    blocks = 4 * s * h * (24 + 5 * a * s / h)
+    assert w.act_whole_bytes == pytest.approx(4 * 10 * s * h + 2 * 2 * s * h)
+    assert w.act_split_bytes == pytest.approx(blocks + 4 * s * 1000)
+    # tp: each block all-reduces s h twice per pass, the embedding once forward, the head
+    # once each way
+    assert w.tp_messages == 4 * 4 + 1 + 2
+    assert w.tp_bytes == pytest.approx(2 * s * h * (4 * 4 + 1 + 2))
+
+
+def test_the_summary_follows_recomputation_and_sequence_parallelism():
+    s, h, a = 512, 1024, 16
+    net = sim.Network.transformer("gpt", 2, h, a, s)
+    sel = sim.Workload.of(net.trained(recompute="selective"))
+    assert sel.act_split_bytes == pytest.approx(2 * 24 * s * h)
+    assert sel.flops_per_sample == pytest.approx(2 * (3 * (24 * s * h * h + 4 * s * s * h)
+                                                      + 4 * s * s * h))
+    sp = sim.Workload.of(net.trained(sequence_parallel=True))
+    assert sp.act_whole_bytes == 0 and sp.act_split_bytes == pytest.approx(
+        2 * s * h * (34 + 5 * a * s / h))
+    full = sim.Workload.of(net.trained(recompute="full"))
+    assert full.act_split_bytes == 0 and full.act_whole_bytes == pytest.approx(2 * 2 * s * h)
+    assert full.flops_per_sample == pytest.approx(4 * sum(x.flops for x in net.layers))
+
+
+def test_a_unet_summary_carries_its_largest_cut():
+    net = sim.Network.unet(image=8, in_channels=1, classes=2, base=2, depth=1)
+    w = sim.Workload.of(net)
+    assert w.boundary_bytes == 4 * max(net.cut_elems(at) for at in range(1, len(net)))

@@ -128,11 +128,11 @@ def memory_per_device(net: Network, batch: int, *, dp: int = 1, tp: int = 1, pp:
     for s in range(pp):
         parts = [Stage(net, costs, cuts[c * pp + s], mesh, scheme) for c in range(chunks)]
         params = sum(p.params() for p in parts)
-        per_chunk = [sum(kept_elems(net, i, p._sliced(i), tp) for i in p.layers)
+        per_chunk = [sum(net.kept_elems(i, p._sliced(i), tp) for i in p.layers)
                      * mb * net.act_bytes for p in parts]
         acts = _peak_activations(ops[s], per_chunk)
         if net.recompute == "full":     # one layer's activations, rebuilt for its backward
-            acts += max(kept_elems(net, i, p._sliced(i), tp, rebuilt=True)
+            acts += max(net.kept_elems(i, p._sliced(i), tp, rebuilt=True)
                         for p in parts for i in p.layers) * mb * net.act_bytes
         largest = max(net.layers[i].params / p._sliced(i) for p in parts for i in p.layers)
         buffers = 2 * largest * st["params"] if zero == 3 and dp > 1 else 0.0
@@ -142,20 +142,6 @@ def memory_per_device(net: Network, batch: int, *, dp: int = 1, tp: int = 1, pp:
                           params * st["optimizer"] / shard["optimizer"], acts, capacity,
                           buffers))
     return out
-
-
-def kept_elems(net: Network, i: int, sliced: int, tp: int, *, rebuilt: bool = False) -> float:
-    """Elements per sample layer i keeps for its backward pass on a tp rank (see the
-    module doc); rebuilt: what it holds while its backward runs (before recomputation
-    drops anything)."""
-    layer = net.layers[i]
-    replicated = layer.saved_replicated_elems / (tp if net.sequence_parallel else 1)
-    whole = layer.saved_elems / sliced + replicated
-    if rebuilt or net.recompute is None:
-        return whole
-    if net.recompute == "selective":
-        return whole - layer.attention_elems / sliced
-    return net.out_elems(i - 1) / (tp if net.sequence_parallel and sliced > 1 else 1)
 
 
 def memory(net: Network, batch: int, **plan) -> Memory:

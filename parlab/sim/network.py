@@ -99,6 +99,21 @@ class Network:
                              f"got {at}")
         return sorted({at - 1} | {i for i, j in self.skips if i < at <= j})
 
+    def kept_elems(self, i: int, sliced: int = 1, tp: int = 1, *, rebuilt: bool = False) -> float:
+        """Elements per sample layer i keeps for its backward pass on a tp rank whose slice
+        of it is 1/``sliced`` (``sim.memory``'s module doc): its sliced part, the part
+        every rank keeps whole (split too under sequence parallelism), less attention's
+        under selective recomputation, only its input under full recomputation. rebuilt:
+        what it holds while its backward runs (all of it)."""
+        layer = self.layers[i]
+        replicated = layer.saved_replicated_elems / (tp if self.sequence_parallel else 1)
+        whole = layer.saved_elems / sliced + replicated
+        if rebuilt or self.recompute is None:
+            return whole
+        if self.recompute == "selective":
+            return whole - layer.attention_elems / sliced
+        return self.out_elems(i - 1) / (tp if self.sequence_parallel and sliced > 1 else 1)
+
     def cut_elems(self, at: int) -> float:
         """Activation elements per sample crossing a cut before layer ``at`` (forward; the
         backward sends their gradients, as many)."""
