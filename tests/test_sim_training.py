@@ -171,6 +171,21 @@ def test_gpipe_recomputes_before_the_gradient_arrives():
     assert late.step_s > tl.step_s
 
 
+def test_pipedream_pays_the_fill_and_drain_once():
+    """p = 2, m = 4, 3 steps, free links, a stage's slot 4 x 3 ms: 1F1B flushes every step,
+    (m + p - 1) = 5 slots a step; PipeDream streams all 12 micro-batches, (12 + 1) slots for
+    the three (Narayanan et al., 2019). It stashes p - s versions of the weights."""
+    net, costs = _even(8)
+    kw = dict(stages=2, micro_batches=4, steps=3, costs=costs)
+    flushed = sim.pipeline(net, _cluster(), 256, schedule="1f1b", **kw)
+    stream = sim.pipeline(net, _cluster(), 256, schedule="pipedream", **kw)
+    assert flushed.step_s == pytest.approx(5 * 12e-3)
+    assert stream.step_s == pytest.approx(13 * 12e-3 / 3)
+    plain = sim.memory_per_device(net, 256, pp=2, micro_batches=4)
+    stashed = sim.memory_per_device(net, 256, pp=2, micro_batches=4, schedule="pipedream")
+    assert [m.params / p.params for m, p in zip(stashed, plain)] == [2, 1]
+
+
 # ------------------------------------------------------------------ sequence parallelism
 def test_sequence_parallelism_splits_the_repeated_work_and_keeps_the_bytes():
     net = sim.Network.transformer("gpt", 2, 1024, 16, 512)

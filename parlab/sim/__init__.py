@@ -60,7 +60,7 @@ takes ``(net, cluster, batch, ..., steps=1, costs=None)``:
     ``single_device(micro_batches=1)``                     lab 01
     ``manual_split(devices=2, bounds=None)``               lab 02
     ``tensor_parallel(devices=2, scheme="column_row" | "naive", sequence_parallel=False)``
-    ``pipeline(stages=2, micro_batches=4, schedule="gpipe" | "1f1b" | "interleaved",
+    ``pipeline(stages=2, micro_batches=4, schedule="gpipe" | "1f1b" | "interleaved" | "pipedream",
                chunks=2, bounds=None)``                    lab 04
     ``data_parallel(devices=2, buckets=1 | n | "per_tensor", overlap=True, zero=0)``
     ``parameter_server(workers=2, mode="sync" | "async", slow={rank: factor})``  lab 06

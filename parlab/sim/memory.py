@@ -21,6 +21,8 @@ for a GPT block per sequence: s h (10 + 24/t + 5 a s/(h t)) bytes. Options:
   s h (10 + 24/t), or 34 s h/t with sequence parallelism;
 * ``recompute="full"``: only each layer's input is kept, 2 s h (/t with sequence
   parallelism), plus, during the backward pass, one layer's activations rebuilt;
+* ``schedule="pipedream"``: stage s also keeps p - s versions of its weights (weight
+  stashing, Narayanan et al., 2019);
 * ``zero`` (ZeRO, Rajbhandari et al., 2020, figure 1; ``parlab.zero``'s table): stage 1
   shares out the optimizer state over the dp replicas, stage 2 the gradients too,
   stage 3 (FSDP) the parameters too, plus the whole parameters of the layer in use and
@@ -136,8 +138,11 @@ def memory_per_device(net: Network, batch: int, *, dp: int = 1, tp: int = 1, pp:
                         for p in parts for i in p.layers) * mb * net.act_bytes
         largest = max(net.layers[i].params / p._sliced(i) for p in parts for i in p.layers)
         buffers = 2 * largest * st["params"] if zero == 3 and dp > 1 else 0.0
+        # PipeDream stashes a version of the weights per micro-batch in flight, p - s on
+        # stage s (Narayanan et al., 2019, section 3.3)
+        stash = pp - s if schedule == "pipedream" else 1
         out.append(Memory(f"stage {s}" if pp > 1 else "each device",
-                          params * st["params"] / shard["params"],
+                          stash * params * st["params"] / shard["params"],
                           params * st["grads"] / shard["grads"],
                           params * st["optimizer"] / shard["optimizer"], acts, capacity,
                           buffers))

@@ -18,7 +18,7 @@ from .model import send_s
 from .sharding import Sharder, check_zero
 from .stage import Mesh, Stage, all_gather_s  # noqa: F401 (program.Mesh, as before)
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "pipedream")
 
 
 def divides(batch: int, parts: int, what: str) -> int:
@@ -75,9 +75,16 @@ def programs(net, cluster, costs, batch, *, dp=1, tp=1, pp=1, micro_batches=1,
     stages = pp * chunks
     cuts = stage_layers(net, costs, stages, bounds, mb)
     progs = [[] for _ in range(mesh.size)]
-    ops_of = stage_orders(schedule if pp > 1 else "1f1b", pp, micro_batches, chunks)
     named = phase_names or (("forward", "backward") if micro_batches == 1 else None)
-    for _ in range(steps):
+    # PipeDream (Narayanan et al., 2019) never flushes: the micro-batches of every step
+    # stream through one 1F1B schedule, each stage updating after each m backward passes
+    # (with weights stashed, ``sim.memory``); the fill and drain are paid once, not per step
+    stream = schedule == "pipedream" and pp > 1
+    if stream and chunks > 1:
+        raise ValueError("pipedream streams one chunk per device: chunks=1")
+    ops_of = stage_orders(schedule if pp > 1 else "1f1b", pp, micro_batches * (steps if stream else 1),
+                          chunks)
+    for _ in range(1 if stream else steps):
         for d in range(dp):
             for s in range(pp):
                 for t in range(tp):
@@ -87,19 +94,30 @@ def programs(net, cluster, costs, batch, *, dp=1, tp=1, pp=1, micro_batches=1,
                         for part in parts:
                             part.sharder = Sharder(net, mesh, mesh.dp_group(s, t), part.layers,
                                                    _shard_params(part), overlap)
+                    backs = 0
                     for kind, i, c in ops_of[s]:
                         progs[r] += pipeline_op(kind, i, c, s, parts[c], mesh, d, t, pp, chunks,
                                                  mb, named, blocking, schedule)
-                    progs[r] += data_parallel_ops(net, parts, mesh, s, t, buckets, overlap,
-                                                   progs[r], zero)
-                    params = sum(p.params() for p in parts)
-                    progs[r].append(Compute("update", costs.update_s(params / (dp if zero else 1))))
-                    if zero in (1, 2):      # every rank updated its 1/N: gather the others'
-                        nbytes = params * net.state["params"]
-                        progs[r].append(Collective(mesh.dp_group(s, t), nbytes,
-                                                   mesh.half_ring_s("dp", nbytes),
-                                                   "all-gather params", "dp"))
+                        backs += kind == "B"
+                        if stream and kind == "B" and backs % micro_batches == 0:
+                            progs[r] += _exchange_and_update(net, parts, mesh, s, t, buckets,
+                                                             overlap, progs[r], zero, costs, dp)
+                    if not stream:
+                        progs[r] += _exchange_and_update(net, parts, mesh, s, t, buckets,
+                                                         overlap, progs[r], zero, costs, dp)
     return progs, mesh
+
+
+def _exchange_and_update(net, parts, mesh, s, t, buckets, overlap, prog, zero, costs, dp) -> list:
+    """After a step's last backward pass: average (or shard) the gradients over dp, update."""
+    ops = data_parallel_ops(net, parts, mesh, s, t, buckets, overlap, prog, zero)
+    params = sum(p.params() for p in parts)
+    ops.append(Compute("update", costs.update_s(params / (dp if zero else 1))))
+    if zero in (1, 2):      # every rank updated its 1/N: gather the others'
+        nbytes = params * net.state["params"]
+        ops.append(Collective(mesh.dp_group(s, t), nbytes, mesh.half_ring_s("dp", nbytes),
+                              "all-gather params", "dp"))
+    return ops
 
 
 def _shard_params(stage: Stage):
@@ -215,7 +233,7 @@ def stage_orders(name: str, pp: int, m: int, chunks: int) -> list[list[tuple]]:
         return interleaved_orders(pp, m, chunks)
     if chunks != 1:
         raise ValueError(f"chunks={chunks} needs schedule='interleaved'")
-    ops = (gpipe if name == "gpipe" else one_f_one_b)(pp, m)
+    ops = (gpipe if name == "gpipe" else one_f_one_b)(pp, m)    # pipedream: 1F1B's order
     check_schedule(ops, pp, m)
     return [[(k, i, 0) for k, i in stage] for stage in ops]
 

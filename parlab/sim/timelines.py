@@ -21,7 +21,7 @@ Strategies (``sim.timeline(name, ...)`` dispatches by name, see ``sim.strategies
     tensor_parallel(net, cluster, batch, devices=2, scheme="column_row" | "naive",
                     sequence_parallel=False)                         lab 03
     pipeline(net, cluster, batch, stages=2, micro_batches=4,
-             schedule="gpipe" | "1f1b" | "interleaved", chunks=2)  lab 04
+             schedule="gpipe" | "1f1b" | "interleaved" | "pipedream", chunks=2)  lab 04
     data_parallel(net, cluster, batch, devices=2, buckets=1, overlap=True,
                   zero=0 | 1 | 2 | 3)                               lab 05 (ZeRO, FSDP: lab 08)
     parameter_server(net, cluster, batch, workers=2, mode="sync" | "async",
@@ -105,9 +105,11 @@ def tensor_parallel(net: Network, cluster: Cluster, batch: int, *, devices: int 
 def pipeline(net: Network, cluster: Cluster, batch: int, *, stages: int = 2,
              micro_batches: int = 4, schedule: str = "1f1b", chunks: int = 2, bounds=None,
              recompute=None, steps: int = 1, costs=None) -> PredictedTimeline:
-    """Lab 04: a micro-batch pipeline (GPipe, 1F1B, or interleaved 1F1B with ``chunks``
-    model chunks per device). Sends are non-blocking (``isend``), as in the course's
-    pipeline; spans are named F<i> and B<i>; the bubble is the stages' idle share.
+    """Lab 04: a micro-batch pipeline (GPipe, 1F1B, interleaved 1F1B with ``chunks``
+    model chunks per device, or PipeDream: 1F1B that never flushes, the micro-batches of
+    all ``steps`` in one stream, each stage updating after each m backward passes).
+    Sends are non-blocking (``isend``), as in the course's pipeline; spans are named F<i>
+    and B<i>; the bubble is the stages' idle share.
     recompute: GPipe re-materialises (Huang et al., 2019): its recomputation runs
     before the gradient arrives, in the cool-down's wait."""
     batch, steps = counted(batch, "batch"), counted(steps, "steps")
