@@ -37,7 +37,9 @@ def _cluster(**kw):
 def test_one_device_is_all_compute():
     w = sim.Workload.mlp((64, 256, 10))
     p = sim.predict(w, _cluster(), sim.Plan(), 128)
-    assert p.parts["compute"] == pytest.approx(6 * w.params * 128 / 1e12)
+    # 2 a b FLOPs forward per Linear a -> b and sample, 3x that with the backward
+    assert w.flops_per_sample == 6 * (64 * 256 + 256 * 10)
+    assert p.parts["compute"] == pytest.approx(w.flops_per_sample * 128 / 1e12)
     assert p.step_s == pytest.approx(p.parts["compute"])
     assert p.memory["states"] == 8 * w.params and p.fits
 
@@ -47,7 +49,7 @@ def test_pure_data_parallel_adds_one_ring_all_reduce_of_the_gradients():
     c = _cluster()
     p = sim.predict(w, c, sim.Plan(dp=4), 128)
     assert p.parts["dp"] == pytest.approx(sim.all_reduce_s(4 * w.params, 4, LINK))
-    assert p.parts["compute"] == pytest.approx(6 * w.params * 32 / 1e12)   # a quarter of the batch
+    assert p.parts["compute"] == pytest.approx(w.flops_per_sample * 32 / 1e12)   # a quarter
     assert p.parts["tp"] == p.parts["pp"] == p.parts["bubble"] == 0
 
 
@@ -105,7 +107,7 @@ def test_calibration_recovers_known_costs():
     w = sim.Workload.mlp(sizes)
     rate, per_layer, link, extra = 2e9, 1e-4, sim.Link(2e-4, 5e8), 1e-3
     measured = {
-        "compute": {b: 2 * w.layers * per_layer + 6 * w.params * b / rate for b in (16, 64)},
+        "compute": {b: 2 * w.layers * per_layer + w.flops_per_sample * b / rate for b in (16, 64)},
         "send": {s: link.time(s) for s in (4096, 65536, 2**20)},
         "all_reduce": {2: {s: sim.all_reduce_s(s, 2, link) + extra for s in (4096, 2**20)}},
     }
@@ -388,9 +390,12 @@ def test_a_rank_that_blocked_resumes_a_wake_up_later():
 
 def test_presets_derate_their_datasheets_and_say_so():
     h100, a100, t4 = sim.h100_nvlink(), sim.a100_nvlink(), sim.t4_pcie()
-    assert h100.flops == pytest.approx(0.4 * 989e12)             # sustained, not peak
+    # the maximum achievable matrix rate, not the peak (989 and 312 TFLOP/s)
+    assert h100.flops == h100.matrix.rate == 794.5e12 and h100.matrix.sms == 132
+    assert a100.flops == a100.matrix.rate == 271.2e12 and a100.matrix.sms == 108
+    assert t4.flops == pytest.approx(0.4 * 65e12)                # no published maximum
     assert h100.intra.bandwidth_Bps == pytest.approx(0.8 * 450e9)
-    assert a100.memory_bandwidth_Bps == pytest.approx(0.8 * 2039e9)
+    assert a100.memory_bandwidth_Bps == pytest.approx(0.9 * 2039e9)
     assert t4.memory_bytes == 16e9 and t4.devices == 2
     ib = sim.h100_infiniband(2)
     assert ib.devices == 16 and ib.link(16) is ib.inter and ib.link(8) is ib.intra

@@ -102,14 +102,16 @@ register(Exercise(
 
 
 def pipeline_explorer(cfg, here=None, costs=None):
-    """Lab 04: choose p, m, a schedule and a cluster: the PREDICTED step at once; one
-    click measures it.
+    """Lab 04: choose p, m, a schedule, its chunks, tensor parallelism and a cluster: the
+    PREDICTED step at once; one click measures it.
 
     cfg: the lab's pipeline (``SplitConfig``: an MLP and its batch). here, costs: this
     machine and the MLP's per-layer costs as the lab calibrated them (``sim.Measured``);
     without them only the GPU clusters are offered. The prediction is
     ``sim.pipeline``: GPipe and 1F1B cut where this lab's executor cuts
-    (``pipeline.stage_bounds``), interleaved balanced by cost; "measure it here" runs
+    (``pipeline.stage_bounds``), interleaved 1F1B with ``chunks`` model chunks per device
+    balanced by cost; with tp > 1 (GPU clusters) every stage is also split over tp
+    devices (``sim.hybrid``, Megatron-LM's pairs of layers). "measure it here" runs
     ``run_pipeline(cfg, p, m, schedule)`` on p ranks and draws its typical step
     (``typical_step``) next to the prediction for the same stages.
     """
@@ -117,9 +119,16 @@ def pipeline_explorer(cfg, here=None, costs=None):
     from ..metrics import pipeline_bubble
     net = sim.Network.mlp(cfg.sizes)
 
-    def predicted(p, m, schedule, cluster, bounds=None):
+    def predicted(p, m, schedule, cluster, bounds=None, chunks=2, tp=1):
+        if tp > 1:
+            if cluster == HERE:
+                raise ValueError("this machine's calibration is for whole layers: choose a "
+                                 "GPU cluster for tp > 1")
+            return sim.hybrid(net, cluster_for(cluster, p * tp, here), cfg.batch_size, dp=1,
+                              tp=tp, pp=p, micro_batches=m, schedule=schedule, chunks=chunks,
+                              bounds=bounds)
         return sim.pipeline(net, cluster_for(cluster, p, here), cfg.batch_size, stages=p,
-                            micro_batches=m, schedule=schedule, bounds=bounds,
+                            micro_batches=m, schedule=schedule, bounds=bounds, chunks=chunks,
                             costs=costs if cluster == HERE else None)
 
     cuts = {}
@@ -132,22 +141,30 @@ def pipeline_explorer(cfg, here=None, costs=None):
             cuts[p] = [b // 2 for b in pipeline.stage_bounds(cfg, p)]
         return cuts[p]
 
-    def predict(p, m, schedule, cluster):
+    def predict(p, m, schedule, chunks, tp, cluster):
         # gpipe and 1f1b: the executor's own cut, as lab 04 predicts it and "measure it here"
-        # runs it; interleaved (not run here): two chunks per device, balanced by cost
+        # runs it; interleaved (not run here): chunks per device, balanced by cost
         tl = predicted(p, m, schedule, cluster,
-                       executor_cut(p) if schedule in ("gpipe", "1f1b") else None)
+                       executor_cut(p) if schedule in ("gpipe", "1f1b") else None, chunks, tp)
         lost = sum(tl.seconds_by_kind(r)["idle"] + tl.seconds_by_kind(r)["wait"]
                    for r in tl.ranks) / (len(tl.ranks) * tl.duration)
-        return tl, (f"PREDICTED: one step {seconds_text(tl.step_s)}; the stages idle or wait {lost:.0%} "
-                    f"of it (GPipe's and 1F1B's bubble (p-1)/(m+p-1) = {pipeline_bubble(p, m):.0%})"), \
-            f"{schedule}, p = {p}, m = {m}, {cluster_for(cluster, p, here).name}"
+        if schedule == "interleaved":
+            # Narayanan et al., 2021, section 2.2: the bubble is (p-1)/v slots against m
+            formula = f"interleaved's (p-1)/v / (m + (p-1)/v) = {(p - 1) / chunks / (m + (p - 1) / chunks):.0%}"
+        else:
+            formula = f"GPipe's and 1F1B's (p-1)/(m+p-1) = {pipeline_bubble(p, m):.0%}"
+        shape = f", tp = {tp}" if tp > 1 else ""
+        chunk = f", v = {chunks}" if schedule == "interleaved" else ""
+        return tl, (f"PREDICTED: one step {seconds_text(tl.step_s)}; the devices idle or wait "
+                    f"{lost:.0%} of it (the bubble, {formula})"), \
+            f"{schedule}, p = {p}{chunk}, m = {m}{shape}, {cluster_for(cluster, p * tp, here).name}"
 
-    def measure(p, m, schedule, cluster):
+    def measure(p, m, schedule, chunks, tp, cluster):
         from ..torch import pipeline
         refuse_unless_here(cluster, p)
-        if schedule not in ("gpipe", "1f1b"):
-            raise ValueError("this lab's executor runs gpipe and 1f1b: choose one of them")
+        if schedule not in ("gpipe", "1f1b") or tp > 1:
+            raise ValueError("this lab's executor runs gpipe and 1f1b on whole layers: choose "
+                             "one of them, with tp = 1")
         res = run_pipeline(cfg, p, m, schedule)
         window = typical_step(res.timeline, p, m)
         # module index -> Linear layer index (the MLP alternates Linear and ReLU)
@@ -158,6 +175,8 @@ def pipeline_explorer(cfg, here=None, costs=None):
     controls = {"p": slider("stages p", range(1, 5), 2),
                 "m": slider("micro-batches m", range(1, 9), 4),
                 "schedule": choice("schedule", ["1f1b", "gpipe", "interleaved"]),
+                "chunks": slider("chunks per device v (interleaved)", [2, 3, 4], 2),
+                "tp": slider("tensor parallel tp (GPUs)", [1, 2, 4], 1),
                 "cluster": choice("cluster", clusters)}
     return explorer(predict, controls, measure=measure)
 

@@ -26,6 +26,8 @@ def strategy_explorer(here=None, *, global_batches=None, run_shape=None):
     for c in (sim.t4_pcie(2), sim.a100_nvlink(8), sim.h100_nodes(1), sim.h100_nodes(2),
               sim.h100_nodes(16)):
         clusters[c.name] = c
+    eight = sim.a100_nvlink(64)             # 8 DGX A100 nodes, 8 cards of 200 Gb/s each
+    clusters[f"8 nodes × 8 A100 (NVLink, 8 InfiniBand HDR cards a node)"] = eight
     batches = global_batches or {"lab MLP 64-256-256-128-10": 64, "GPT-2 XL (1.5 B)": 512,
                                  "GPT-3 (175 B)": 1536}
     model = w.Dropdown(options=list(workloads), description="model")
@@ -38,6 +40,8 @@ def strategy_explorer(here=None, *, global_batches=None, run_shape=None):
                        value=0, description="micro-batch")
     inner = w.ToggleButtons(options=["tp innermost", "dp innermost"], description="order")
     overlap = w.Checkbox(value=False, description="dp overlaps backward (DDP)")
+    sharp = w.Checkbox(value=True, description="NVLink SHARP (H100 nodes)",
+                       tooltip="the NVSwitch adds the GPUs' contributions: NCCL's default on H100")
     measure = w.Button(description="measure it here", tooltip="4 ranks on this machine")
     out, text = w.Output(), w.HTML()
 
@@ -81,6 +85,9 @@ def strategy_explorer(here=None, *, global_batches=None, run_shape=None):
         if busy or tp.value is None or pp.value is None:
             return
         wl, cl, batch = workloads[model.value], clusters[cluster.value], batches[model.value]
+        if cl.nvls and not sharp.value:
+            from dataclasses import replace
+            cl = replace(cl, nvls=False)
         n = cl.devices
         if n % (tp.value * pp.value):
             text.value = f"<b>tp × pp = {tp.value * pp.value} does not divide {n} devices</b>"
@@ -112,8 +119,7 @@ def strategy_explorer(here=None, *, global_batches=None, run_shape=None):
         mem, gb = picked.memory, 1e9
         scale, unit = next((f, u) for f, u in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (1, "B"))
                            if mem["total"] >= f or f == 1)
-        links = ", ".join(f"{a} over the {'fast (inside a node)' if k == 'intra' else 'slow (between nodes)'} link"
-                          for a, k in picked.links.items()) or "no communication"
+        links = "; ".join(f"{a} {path}" for a, path in picked.paths.items()) or "no communication"
         step = (f"{picked.step_s:,.2f} s" if picked.step_s >= 1 else f"{picked.step_s * 1e3:,.2f} ms")
         text.value = (f"<b>PREDICTED for {picked.plan.label()}</b> (m = {picked.plan.micro_batches} "
                       f"micro-batches per replica): step {step}; memory per "
@@ -151,12 +157,12 @@ def strategy_explorer(here=None, *, global_batches=None, run_shape=None):
     for widget in (model, cluster):
         widget.observe(refresh_choices, names="value")
     tp.observe(lambda change: None if busy else refresh_pp(), names="value")
-    for widget in (pp, micro, inner, overlap):
+    for widget in (pp, micro, inner, overlap, sharp):
         widget.observe(draw, names="value")
     measure.on_click(run_here)
     refresh_choices()
-    return w.VBox([w.HBox([model, cluster]), w.HBox([tp, pp, micro]), w.HBox([inner, overlap]),
-                   measure, text, out])
+    return w.VBox([w.HBox([model, cluster]), w.HBox([tp, pp, micro]),
+                   w.HBox([inner, overlap, sharp]), measure, text, out])
 
 
 AXES_INNER = {"tp innermost": ("dp", "pp", "tp"), "dp innermost": ("tp", "pp", "dp")}

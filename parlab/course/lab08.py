@@ -75,6 +75,13 @@ def zero_explorer():
     return w.VBox([w.HBox([size, n]), mixed, out])
 
 
+def memory_explorer():
+    """A language model's memory per device under each ZeRO stage and its PREDICTED step
+    under each kind of activation recomputation (``lab08_explorer.memory_explorer``)."""
+    from .lab08_explorer import memory_explorer as explore
+    return explore()
+
+
 def _zero_device_bytes(params, devices, stage):
     from ..zero import per_device_bytes
     return per_device_bytes(params, devices, stage)["total"]

@@ -2,7 +2,13 @@
 
 Everything here is predicted from a handful of numbers about a model and a cluster, and
 labelled so wherever it is shown. Framework-free: no torch, no tensorflow. Modules:
-``costs`` (layers and their seconds), ``engine`` (ranks' programs run on paper),
+``layers`` (one layer's numbers; linear, convolution, pooling, up-convolution, concat),
+``network`` (a model as layers and skip connections), ``convnets`` (a U-Net, an
+AmoebaNet-like network), ``blocks`` (GPT and Llama-style transformer blocks), ``gemm``
+(a matrix product's seconds by its shape), ``costs`` (a layer pass's seconds),
+``links`` and ``collectives`` (alpha-beta links; rings inside a node, across nodes over
+every card, NVLink SHARP), ``sharding`` (ZeRO 1-3 / FSDP in the step), ``stage`` (the
+mesh, one stage's passes), ``engine`` (ranks' programs run on paper),
 ``program`` (what the strategy functions share: the mesh, a stage's passes, schedules,
 every rank's step program), ``timelines`` (one function per strategy; ``servers``: lab
 06's; ``strategies``: by name), ``memory``, ``clusters`` (presets with their sources),
@@ -11,10 +17,19 @@ every rank's step program), ``timelines`` (one function per strategy; ``servers`
 
 Inputs
     ``Network``     a model as layers: ``Network.mlp(sizes, optimizer="sgd")``,
-                    ``Network.transformer(name, layers, hidden, heads, seq, vocab)``
-    ``Cluster``     devices (memory, sustained FLOP/s and memory bandwidth, a fixed cost
-                    per layer pass, the wake-up of a blocked rank on a busy CPU) and their
-                    links (``Link``: alpha-beta), intra- and inter-node. Presets:
+                    ``Network.transformer(name, layers, hidden, heads, seq, vocab)``,
+                    ``Network.unet(image, in_channels, classes, base, depth)``,
+                    ``Network.amoebanet(image, cells, filters, classes)``; skip
+                    connections recorded (``net.skips``), so a pipeline cut carries
+                    every tensor crossing it: ``net.cut_bytes(at, batch)``;
+                    ``Network.llama(name, layers, hidden, heads, seq, vocab, kv_heads=,
+                    ffn=)`` (grouped-query attention, gated MLP, RMSNorm);
+                    ``net.trained(recompute="selective" | "full", sequence_parallel=True)``
+    ``Cluster``     devices (memory, matrix FLOP/s and memory bandwidth, a fixed cost
+                    per layer pass, the wake-up of a blocked rank on a busy CPU; on GPUs a
+                    ``matrix`` unit pricing each product by its shape) and their links
+                    (``Link``: alpha-beta), intra- and inter-node (``nics_per_node``
+                    cards; ``nvls``: NVLink SHARP). Presets:
                     ``t4_pcie()``, ``a100_nvlink()``, ``h100_nvlink()``,
                     ``h100_infiniband(nodes)``, ``h100_nodes(nodes)`` (one of the two),
                     ``v100_dgx2h()``, ``gpu_presets()``; this
@@ -42,20 +57,23 @@ Predicted timelines: ``PredictedTimeline``, a ``parlab.trace.Timeline`` with
 ("forward", "backward", "update"; "F3"/"B3"), so ``plot.timeline`` (which draws it
 dotted and titled "predicted") and ``summary()`` work as on a measurement. Every one
 takes ``(net, cluster, batch, ..., steps=1, costs=None)``:
-    ``single_device``                                      lab 01
+    ``single_device(micro_batches=1)``                     lab 01
     ``manual_split(devices=2, bounds=None)``               lab 02
-    ``tensor_parallel(devices=2, scheme="column_row" | "naive")``   lab 03
-    ``pipeline(stages=2, micro_batches=4, schedule="gpipe" | "1f1b" | "interleaved",
-               chunks=2)``                                 lab 04
-    ``data_parallel(devices=2, buckets=1 | n | "per_tensor", overlap=True)``   lab 05
+    ``tensor_parallel(devices=2, scheme="column_row" | "naive", sequence_parallel=False)``
+    ``pipeline(stages=2, micro_batches=4, schedule="gpipe" | "1f1b" | "interleaved" | "pipedream",
+               chunks=2, bounds=None)``                    lab 04
+    ``data_parallel(devices=2, buckets=1 | n | "per_tensor", overlap=True, zero=0)``
     ``parameter_server(workers=2, mode="sync" | "async", slow={rank: factor})``  lab 06
-    ``hybrid(dp=2, tp=1, pp=1, micro_batches=4)``          lab 07
+    ``hybrid(dp=2, tp=1, pp=1, micro_batches=None, schedule=, chunks=2, zero=0,
+             sequence_parallel=False, bounds=None)``       lab 07
+    and all but the parameter server ``recompute=None | "selective" | "full"``.
     ``timeline(name, net, cluster, batch, **options)`` dispatches by name (``STRATEGIES``).
 
-Memory per device (no ZeRO): ``memory(net, batch, dp=, tp=, pp=, micro_batches=,
-schedule=, cluster=)`` -> the busiest device's ``Memory`` (params, grads, optimizer,
-activations, capacity; ``fits``; ``check()`` raises ``DoesNotFit`` naming what to change);
-``memory_per_device`` (one per stage), ``parameter_server_memory``.
+Memory per device: ``memory(net, batch, dp=, tp=, pp=, micro_batches=, schedule=,
+cluster=, zero=, recompute=, sequence_parallel=)`` -> the busiest device's ``Memory``
+(params, grads, optimizer, activations, gathered-parameter buffers, capacity; ``fits``;
+``check()`` raises ``DoesNotFit`` naming what to change); ``memory_per_device`` (one per
+stage), ``parameter_server_memory``.
 
 Checked against papers: ``published.checks()`` / ``published.lines()`` (GPipe Table 2,
 Megatron-LM's 8-way weak scaling, nccl-tests' bus bandwidth); against this machine:
@@ -68,7 +86,9 @@ forms ``send_s``, ``all_reduce_s``, ``bubble``.
 from . import calibrate, clusters, published
 from .clusters import (a100_nvlink, gpu_presets, h100_infiniband, h100_nodes, h100_nvlink,
                        t4_pcie, v100_dgx2h)
-from .costs import Layer, Measured, Network, Roofline
+from .costs import Measured, Roofline
+from .layers import Gemm, Layer
+from .network import Network
 from .engine import Deadlock, PredictedTimeline
 from .memory import DoesNotFit, Memory, memory, memory_per_device, parameter_server_memory
 from .model import (AXES, Cluster, Link, Plan, Prediction, Workload, all_reduce_s, bubble,
@@ -79,7 +99,7 @@ from .timelines import (all_gather_s, data_parallel, hybrid, manual_split, pipel
                         single_device, tensor_parallel)
 
 __all__ = [
-    "AXES", "Cluster", "Deadlock", "DoesNotFit", "Layer", "Link", "Measured", "Memory",
+    "AXES", "Cluster", "Deadlock", "DoesNotFit", "Gemm", "Layer", "Link", "Measured", "Memory",
     "Network", "Plan", "PredictedTimeline", "Prediction", "Roofline", "STRATEGIES", "Workload",
     "a100_nvlink", "all_gather_s", "all_reduce_s", "bubble", "calibrate", "calibrated", "clusters",
     "data_parallel", "gpu_presets", "h100_infiniband", "h100_nodes", "h100_nvlink", "hybrid",

@@ -47,6 +47,7 @@ from .checks import amount
 class Compute:
     name: str
     seconds: float
+    layer: int | None = None     # the network layer it computes (where known)
 
     def __post_init__(self):     # a NaN here would keep the clock from ever passing it
         amount(f"Compute {self.name!r}", "seconds", self.seconds, unit="seconds")
@@ -90,7 +91,11 @@ class Collective:
 
 @dataclass(frozen=True)
 class Join:
+    """Wait for the rank's background collectives, all but the ``leave`` posted last (its
+    lane runs them in the order they were posted)."""
+
     name: str = "wait for all-reduce"
+    leave: int = 0
 
 
 class Deadlock(ValueError):
@@ -173,7 +178,8 @@ class Engine:
         self.seq: dict[tuple, int] = {}           # (rank, group, background) -> next k
         self.resolved: set = set()                # background collectives already run
         self.lane_free = [0.0] * self.n           # background lane of each rank
-        self.pending: dict[int, int] = {}         # rank -> background collectives unresolved
+        self.posted_bg: list[list] = [[] for _ in programs]   # rank -> keys, in posting order
+        self.bg_end: dict[tuple, float] = {}      # background collective key -> its end
         threads = self.n + sum(any(isinstance(op, Collective) and op.background for op in prog)
                                for prog in programs)
         self.over = oversubscription(threads, cores)
@@ -288,11 +294,11 @@ class Engine:
         if r not in arrivals:
             arrivals[r] = self.arrived_at[r]
             if op.background:
-                self.pending[r] = self.pending.get(r, 0) + 1
+                self.posted_bg[r].append(key)
         if op.background:
             if len(arrivals) == len(op.group) and key not in self.resolved:
                 self.resolved.add(key)
-                self._resolve_background(op, arrivals)
+                self._resolve_background(op, arrivals, key)
             return True
         if len(arrivals) < len(op.group):
             return None
@@ -311,7 +317,7 @@ class Engine:
         arrive together (each is descheduled at random), so one always blocked."""
         return max(ready) + self.wake
 
-    def _resolve_background(self, op: Collective, arrivals: dict) -> None:
+    def _resolve_background(self, op: Collective, arrivals: dict, key: tuple) -> None:
         """All members posted: the collective runs when the last has, and every lane is free."""
         start = self._collective_start([*arrivals.values(),
                                         *(self.lane_free[m] for m in op.group)])
@@ -321,16 +327,20 @@ class Engine:
             self._span(lane, WAIT, op.name, max(arrivals[m], self.lane_free[m]), start, axis=op.axis)
             self._span(lane, COMM, op.name, start, end, op.nbytes, axis=op.axis)
             self.lane_free[m] = end
-            self.pending[m] -= 1
+        self.bg_end[key] = end
 
     def _join(self, r, op: Join):
-        if self.pending.get(r, 0):
+        """Wait until every background collective this rank posted, but the ``leave`` it
+        posted last, has run (the lane runs them in order: the latest of those ends)."""
+        keys = self.posted_bg[r][:max(len(self.posted_bg[r]) - op.leave, 0)]
+        if any(k not in self.bg_end for k in keys):
             return None
         t = self.arrived_at[r]
-        if self.lane_free[r] <= t:
+        done = max((self.bg_end[k] for k in keys), default=0.0)
+        if done <= t:
             return True
-        self._span(r, WAIT, op.name, t, self.lane_free[r])
-        return self._occupy(r, self.lane_free[r])
+        self._span(r, WAIT, op.name, t, done)
+        return self._occupy(r, done)
 
 
 def oversubscription(threads: int, cores: int) -> float:

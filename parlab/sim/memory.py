@@ -1,4 +1,4 @@
-"""Memory per device for each strategy, without ZeRO: does it fit?
+"""Memory per device for each strategy: does it fit?
 
 A device holds, for the parameters it owns, their weights, gradients and optimizer
 state (``Network.state``: 4 + 4 + 0 bytes for SGD in float32; 2 + 2 + 12 = 16 bytes for
@@ -12,8 +12,23 @@ activations its layers keep for the backward pass, for every micro-batch in flig
   p - s on stage s (``schedules.peak_in_flight``), interleaved 1F1B what its schedule
   holds at its peak.
 
-Sharding the states over data parallel (ZeRO 1-3, FSDP) is lab 08's subject and is not
-modelled here. ``Memory.check()`` raises ``DoesNotFit`` saying what to change.
+What a layer keeps is ``Layer.saved_elems`` (sliced by tp) and
+``saved_replicated_elems`` (whole on every tp rank); Korthikanti et al., 2022 (table 2)
+for a GPT block per sequence: s h (10 + 24/t + 5 a s/(h t)) bytes. Options:
+
+* ``sequence_parallel``: the replicated part is split too: s h/t (34 + 5 a s/h);
+* ``recompute="selective"``: attention's s^2 tensors are not kept (recomputed):
+  s h (10 + 24/t), or 34 s h/t with sequence parallelism;
+* ``recompute="full"``: only each layer's input is kept, 2 s h (/t with sequence
+  parallelism), plus, during the backward pass, one layer's activations rebuilt;
+* ``schedule="pipedream"``: stage s also keeps p - s versions of its weights (weight
+  stashing, Narayanan et al., 2019);
+* ``zero`` (ZeRO, Rajbhandari et al., 2020, figure 1; ``parlab.zero``'s table): stage 1
+  shares out the optimizer state over the dp replicas, stage 2 the gradients too,
+  stage 3 (FSDP) the parameters too, plus the whole parameters of the layer in use and
+  of the next, gathered (``Memory.buffers``).
+
+``Memory.check()`` raises ``DoesNotFit`` saying what to change.
 """
 from __future__ import annotations
 
@@ -22,6 +37,7 @@ from dataclasses import dataclass
 from ..errors import counted
 from .costs import Network, Roofline
 from .program import Mesh, Stage, divides, stage_layers, stage_orders
+from .sharding import check_zero
 
 GB = 1e9
 
@@ -40,6 +56,7 @@ class Memory:
     optimizer: float
     activations: float
     capacity: float = float("inf")
+    buffers: float = 0.0             # ZeRO-3 / FSDP: whole parameters gathered for a pass
 
     @property
     def states(self) -> float:
@@ -47,7 +64,7 @@ class Memory:
 
     @property
     def total(self) -> float:
-        return self.states + self.activations
+        return self.states + self.activations + self.buffers
 
     @property
     def fits(self) -> bool:
@@ -55,14 +72,18 @@ class Memory:
 
     def parts(self) -> dict:
         """{"parameters", "gradients", "optimizer state", "activations"} in bytes (for plots)."""
-        return {"parameters": self.params, "gradients": self.grads,
-                "optimizer state": self.optimizer, "activations": self.activations}
+        out = {"parameters": self.params, "gradients": self.grads,
+               "optimizer state": self.optimizer, "activations": self.activations}
+        if self.buffers:
+            out["gathered parameters"] = self.buffers
+        return out
 
     def __str__(self) -> str:
         cap = "" if self.capacity == float("inf") else f" of {self.capacity / GB:.1f} GB"
         return (f"{self.device}: {self.total / GB:.2f} GB{cap} (parameters "
                 f"{self.params / GB:.2f}, gradients {self.grads / GB:.2f}, optimizer "
-                f"{self.optimizer / GB:.2f}, activations {self.activations / GB:.2f}) "
+                f"{self.optimizer / GB:.2f}, activations {self.activations / GB:.2f}"
+                f"{f', gathered parameters {self.buffers / GB:.2f}' if self.buffers else ''}) "
                 f"{'fits' if self.fits else 'DOES NOT FIT'}")
 
     def check(self) -> "Memory":
@@ -79,16 +100,23 @@ class Memory:
 def memory_per_device(net: Network, batch: int, *, dp: int = 1, tp: int = 1, pp: int = 1,
                       micro_batches: int = 1, schedule: str = "1f1b", chunks: int = 1,
                       scheme: str = "column_row", bounds=None, cluster=None,
-                      costs=None) -> list[Memory]:
+                      costs=None, zero: int = 0, recompute=None,
+                      sequence_parallel: bool = False) -> list[Memory]:
     """Memory of each pipeline stage's device (every dp replica and tp rank alike).
 
     cluster: its ``memory_bytes`` is the capacity (and, with no ``costs``, its rates
     balance the stages as the timelines do); without one, stages are balanced by FLOPs.
+    zero, recompute, sequence_parallel: see the module doc (the network's own
+    ``recompute`` and ``sequence_parallel`` hold where these are not given).
     """
     batch, dp, tp, pp = (counted(batch, "batch"), counted(dp, "dp"), counted(tp, "tp"),
                          counted(pp, "pp"))
     m = counted(micro_batches, "micro_batches")
     chunks = counted(chunks, "chunks")
+    zero = check_zero(zero)
+    if recompute is not None or sequence_parallel:
+        net = net.trained(recompute=recompute or net.recompute,
+                          sequence_parallel=sequence_parallel or net.sequence_parallel)
     mb = divides(divides(batch, dp, "data-parallel replicas"), m, "micro-batches")
     capacity = cluster.memory_bytes if cluster is not None else float("inf")
     if costs is None:
@@ -96,16 +124,28 @@ def memory_per_device(net: Network, batch: int, *, dp: int = 1, tp: int = 1, pp:
     mesh = Mesh(_Unbounded(), dp, pp, tp) if cluster is None else Mesh(cluster, dp, pp, tp)
     cuts = stage_layers(net, costs, pp * chunks, bounds, mb)
     ops = stage_orders(schedule, pp, m, chunks) if pp > 1 else [[("F", 0, 0), ("B", 0, 0)]]
-    out = []
+    st, out = net.state, []
+    shard = {k: (dp if zero >= stage else 1) for k, stage in
+             (("params", 3), ("grads", 2), ("optimizer", 1))}
     for s in range(pp):
         parts = [Stage(net, costs, cuts[c * pp + s], mesh, scheme) for c in range(chunks)]
         params = sum(p.params() for p in parts)
-        per_chunk = [sum(net.layers[i].saved_elems / p._sliced(i) for i in p.layers)
+        per_chunk = [sum(net.kept_elems(i, p._sliced(i), tp) for i in p.layers)
                      * mb * net.act_bytes for p in parts]
         acts = _peak_activations(ops[s], per_chunk)
-        st = net.state
-        out.append(Memory(f"stage {s}" if pp > 1 else "each device", params * st["params"],
-                          params * st["grads"], params * st["optimizer"], acts, capacity))
+        if net.recompute == "full":     # one layer's activations, rebuilt for its backward
+            acts += max(net.kept_elems(i, p._sliced(i), tp, rebuilt=True)
+                        for p in parts for i in p.layers) * mb * net.act_bytes
+        largest = max(net.layers[i].params / p._sliced(i) for p in parts for i in p.layers)
+        buffers = 2 * largest * st["params"] if zero == 3 and dp > 1 else 0.0
+        # PipeDream stashes a version of the weights per micro-batch in flight, p - s on
+        # stage s (Narayanan et al., 2019, section 3.3)
+        stash = pp - s if schedule == "pipedream" else 1
+        out.append(Memory(f"stage {s}" if pp > 1 else "each device",
+                          stash * params * st["params"] / shard["params"],
+                          params * st["grads"] / shard["grads"],
+                          params * st["optimizer"] / shard["optimizer"], acts, capacity,
+                          buffers))
     return out
 
 
@@ -132,7 +172,8 @@ def parameter_server_memory(net: Network, batch: int, *, workers: int = 2, serve
     capacity = cluster.memory_bytes if cluster is not None else float("inf")
     p, st = net.params, net.state
     shard = p / servers
-    acts = sum(layer.saved_elems for layer in net.layers) * per * net.act_bytes
+    acts = sum(layer.saved_elems + layer.saved_replicated_elems
+               for layer in net.layers) * per * net.act_bytes
     return {"server": Memory("server", shard * st["params"], shard * st["grads"],
                              shard * st["optimizer"], 0.0, capacity),
             "worker": Memory("worker", p * st["params"], p * st["grads"], 0.0, acts, capacity)}

@@ -31,42 +31,15 @@ from dataclasses import dataclass, field, replace
 from ..metrics import fit_link, pipeline_bubble
 from .calibrate import fit_compute
 from .checks import amount, count
+from .collectives import all_reduce_time, describe, spans_nodes
+from .gemm import MatrixUnit
+from .links import Link, all_reduce_s, send_s  # noqa: F401 (sim.model.Link, as before)
 
 AXES = ("dp", "pp", "tp")      # the default order: tensor parallel innermost (fastest)
 
 
 # ------------------------------------------------------------------ links and collectives
-@dataclass(frozen=True)
-class Link:
-    """A link's latency alpha (seconds) and bandwidth beta (bytes per second)."""
-
-    latency_s: float
-    bandwidth_Bps: float
-
-    def __post_init__(self):
-        amount("Link", "latency_s", self.latency_s, unit="seconds")
-        amount("Link", "bandwidth_Bps", self.bandwidth_Bps, unit="bytes per second",
-               positive=True, infinite=True)
-
-    def time(self, nbytes: float) -> float:
-        return self.latency_s + nbytes / self.bandwidth_Bps
-
-    def __str__(self) -> str:
-        return f"alpha {self.latency_s * 1e6:.0f} us, beta {self.bandwidth_Bps / 1e9:.3g} GB/s"
-
-
-def send_s(nbytes: float, link: Link) -> float:
-    """One point-to-point message: alpha + S / beta."""
-    return link.time(amount("send_s", "nbytes", nbytes, unit="bytes"))
-
-
-def all_reduce_s(nbytes: float, n: int, link: Link) -> float:
-    """Ring all-reduce of S bytes over n ranks: 2(n-1) alpha + 2(n-1)/n S / beta (0 if n = 1)."""
-    n = count("all_reduce_s", "n (ranks)", n)
-    nbytes = amount("all_reduce_s", "nbytes", nbytes, unit="bytes")
-    if n == 1:
-        return 0.0
-    return 2 * (n - 1) * link.latency_s + 2 * (n - 1) / n * nbytes / link.bandwidth_Bps
+# Link, send_s and all_reduce_s live in sim.links (sim.collectives builds on them)
 
 
 def bubble(stages: int, micro_batches: int) -> float:
@@ -91,12 +64,18 @@ class Cluster:
     memory_bandwidth_Bps: float = math.inf   # sustained, per device: the roofline's slope
     wake_latency_s: float = 0.0     # a rank that blocked on a peer resumes this late (CPU)
     cores: int = 0                  # processors the devices share (0: each its own, GPUs)
+    matrix: MatrixUnit | None = None    # prices matrix products by shape (sim.gemm); None:
+                                        # flops for all of them
+    nics_per_node: int = 0          # network cards a node's collectives spread over (0: one
+                                    # per device, as DGX nodes have); sim.collectives
+    nvls: bool = False              # NVLink SHARP: the NVSwitch reduces (H100 nodes)
 
     def __post_init__(self):
         owner = f"Cluster {self.name!r}"
         count(owner, "devices", self.devices)
         count(owner, "devices_per_node", self.devices_per_node)
         count(owner, "cores", self.cores, minimum=0)
+        count(owner, "nics_per_node", self.nics_per_node, minimum=0)
         amount(owner, "memory_bytes", self.memory_bytes, unit="bytes", positive=True,
                infinite=True)
         amount(owner, "flops", self.flops, unit="FLOP/s", positive=True, infinite=True)
@@ -104,6 +83,9 @@ class Cluster:
                unit="bytes per second", positive=True, infinite=True)
         for name in ("layer_overhead_s", "collective_overhead_s", "wake_latency_s"):
             amount(owner, name, getattr(self, name), unit="seconds")
+        if self.matrix is not None and not isinstance(self.matrix, MatrixUnit):
+            raise ValueError(f"{owner}: matrix must be a sim.gemm.MatrixUnit or None, got "
+                             f"{self.matrix!r}")
         for name in ("intra", "inter"):
             if not isinstance(getattr(self, name), Link):
                 raise ValueError(f"{owner}: {name} must be a Link(latency_s, bandwidth_Bps), "
@@ -136,6 +118,7 @@ class Workload:
     state_bytes_per_param: float    # weights + gradients + optimizer state
     grad_bytes_per_param: float     # a gradient on the wire (data parallel)
     dp_messages: int = 1            # all-reduces per step over dp (1: one bucket)
+    network: object = field(default=None, compare=False, repr=False)   # what it summarises
 
     def __post_init__(self):
         owner = f"Workload {self.name!r}"
@@ -148,47 +131,98 @@ class Workload:
             amount(owner, name, getattr(self, name))
 
     @classmethod
-    def mlp(cls, sizes, *, dp_messages: int = 1, name: str | None = None):
-        """The course's MLP (Linear/ReLU stack) in float32 trained with plain SGD.
+    def of(cls, net, *, dp_messages: int = 1, name: str | None = None) -> "Workload":
+        """The summary of a ``Network`` (``sim.network``): one accounting for both models.
 
-        tp: Megatron's column-then-row pairs: per pair the output all-reduced forward,
-        and (but for the first pair) the input's gradient backward. dp_messages: one
-        bucket per step (lab 05's ``average_gradients`` sends one per tensor: 2 per layer).
+        params, the state's and a gradient's bytes: the network's. flops: 3x the forward
+        matrix work (forward, and the two products of the backward), plus what
+        recomputation runs again (``net.recompute``: the whole forward, or attention's
+        products). Activations: what each layer keeps (``Network.kept_elems``), its
+        tp-sliced part and the part every tp rank holds whole (split too under sequence
+        parallelism; full recomputation keeps each layer's input). boundary: the largest
+        cut (skip connections included). tp: Megatron blocks all-reduce their output per
+        pass, ``tp_all_reduces`` times forward and backward (not the first layer's input
+        gradient); plain layers pair column-then-row, the output of each pair
+        all-reduced forward and (but for the first pair) the input's gradient backward.
         """
-        sizes = tuple(int(s) for s in sizes)
-        n = len(sizes) - 1
-        params = sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
-        fwd = sum(sizes[k + 2] for k in range(0, n - 1, 2))
-        bwd = sum(sizes[k] for k in range(2, n - 1, 2))
-        pairs = n // 2
-        return cls(name or f"MLP {'-'.join(map(str, sizes))}", params, n,
-                   flops_per_sample=6 * params,         # 2 forward + 4 backward per weight
-                   act_split_bytes=4 * (sum(sizes[1:]) + sum(sizes[1:-1])),
-                   act_whole_bytes=0.0,
-                   boundary_bytes=4 * max(sizes[1:-1], default=sizes[0]),
-                   tp_bytes=4 * (fwd + bwd), tp_messages=pairs + max(pairs - 1, 0),
-                   state_bytes_per_param=8, grad_bytes_per_param=4, dp_messages=dp_messages)
+        ab, layers = net.act_bytes, net.layers
+        flops = 3 * sum(x.flops for x in layers)
+        if net.recompute == "full":
+            flops += sum(x.flops for x in layers)
+        elif net.recompute == "selective":
+            flops += sum(g.flops for x in layers for g in x.gemms if not g.weights)
+        split = sum(net.kept_elems(i, 1, 1) for i in range(len(net)))
+        whole = sum(x.saved_replicated_elems for x in layers)
+        if net.sequence_parallel or net.recompute == "full":
+            whole = 0.0          # split with the rest, or (full) only the inputs are kept
+            if net.recompute == "full" and not net.sequence_parallel:
+                split, whole = 0.0, sum(net.out_elems(i - 1) for i in range(len(net)))
+        else:
+            split -= whole
+        cuts = [net.cut_elems(at) for at in range(1, len(net))] or [net.in_elems]
+        tp_elems, tp_messages = _tp_exchanges(net)
+        return cls(name or net.name, net.params, len(net), flops_per_sample=flops,
+                   act_split_bytes=split * ab, act_whole_bytes=whole * ab,
+                   boundary_bytes=max(cuts) * ab, tp_bytes=tp_elems * ab,
+                   tp_messages=tp_messages, state_bytes_per_param=sum(net.state.values()),
+                   grad_bytes_per_param=net.grad_wire_bytes, dp_messages=dp_messages,
+                   network=net)
+
+    @classmethod
+    def mlp(cls, sizes, *, dp_messages: int = 1, name: str | None = None):
+        """The course's MLP (Linear/ReLU stack) in float32 trained with plain SGD:
+        ``Workload.of(Network.mlp(sizes))``. dp_messages: one bucket per step (lab 05's
+        ``average_gradients`` sends one per tensor: 2 per layer)."""
+        from .network import Network
+        return cls.of(Network.mlp(sizes, name=name), dp_messages=dp_messages)
 
     @classmethod
     def transformer(cls, name: str, layers: int, hidden: int, heads: int, seq: int,
                     vocab: int = 50257):
-        """A GPT-style decoder trained in mixed precision with Adam; a sample = a sequence.
+        """A GPT-style decoder trained in mixed precision with Adam; a sample = a sequence:
+        ``Workload.of(Network.transformer(...))`` (its blocks: ``sim.blocks``; per layer
+        and sequence s h (34 + 5 a s / h) bytes kept, 10 s h of them whole on every tp
+        rank, Korthikanti et al., 2022, eq. 1; 16 bytes of state a parameter)."""
+        from .network import Network
+        return cls.of(Network.transformer(name, layers, hidden, heads, seq, vocab))
 
-        params ~ 12 L h^2 + V h (Kaplan et al., 2020); flops ~ 6 x params per token
-        (forward 2, backward 4); activations per layer and sequence s h (34 + 5 a s / h)
-        bytes, of which 10 s h are not split by tensor parallel (Korthikanti et al., 2022,
-        eq. 1-2, without sequence parallelism or recomputation); Megatron-LM all-reduces
-        s h activations twice forward and twice backward per layer (Shoeybi et al., 2019);
-        16 bytes of state per parameter: fp16 weights and gradients, fp32 master weights
-        and Adam's two moments (Rajbhandari et al., ZeRO, 2020).
-        """
-        params = 12 * layers * hidden ** 2 + vocab * hidden
-        return cls(name, params, layers, flops_per_sample=6 * params * seq,
-                   act_split_bytes=layers * seq * hidden * (24 + 5 * heads * seq / hidden),
-                   act_whole_bytes=layers * seq * hidden * 10,
-                   boundary_bytes=2 * seq * hidden,
-                   tp_bytes=4 * layers * 2 * seq * hidden, tp_messages=4 * layers,
-                   state_bytes_per_param=16, grad_bytes_per_param=2, dp_messages=1)
+
+def _slot_s(w: Workload, c: Cluster, mb: float, t: int) -> float:
+    """One micro-batch's forward and backward through the whole model on a tp rank: from
+    the network's layers (``costs.Roofline``: products by shape on a matrix unit,
+    element-wise work at the memory bandwidth, a fixed cost per pass, recomputation),
+    or, for a workload given only as numbers, its FLOPs at the rate plus the fixed costs."""
+    net = w.network
+    if net is None:
+        return w.flops_per_sample * mb / t / c.flops + 2 * w.layers * c.layer_overhead_s
+    from .costs import Roofline
+    r = Roofline(net, c)
+    total = 0.0
+    for i in range(len(net)):
+        total += r.forward_s(i, mb, t) + r.backward_s(i, mb, t)
+        if net.recompute == "full":
+            total += r.forward_s(i, mb, t)
+        elif net.recompute == "selective":
+            total += r.recompute_s(i, mb, t)
+    return total
+
+
+def _tp_exchanges(net) -> tuple[float, int]:
+    """(elements all-reduced over tp per sample and step, how many all-reduces): see
+    ``Workload.of``."""
+    elems, messages = 0.0, 0
+    paired = [i for i, x in enumerate(net.layers) if not x.tp_all_reduces]
+    for i, x in enumerate(net.layers):
+        if x.tp_all_reduces:
+            backward = x.tp_all_reduces if i > 0 else 0
+            elems += x.tp_all_reduces * x.out_elems + backward * net.out_elems(i - 1)
+            messages += x.tp_all_reduces + backward
+    for k, i in enumerate(paired):
+        if k % 2 == 1:                              # a row-parallel layer's output
+            elems, messages = elems + net.layers[i].out_elems, messages + 1
+        elif k > 0 and k + 1 < len(paired):        # a column-parallel layer's input gradient
+            elems, messages = elems + net.out_elems(i - 1), messages + 1
+    return elems, messages
 
 
 @dataclass(frozen=True)
@@ -234,6 +268,7 @@ class Prediction:
     fits: bool
     parts: dict                     # seconds per step: compute, bubble, tp, pp, dp
     links: dict = field(default_factory=dict)   # axis -> "intra" / "inter"
+    paths: dict = field(default_factory=dict)   # axis -> how its exchanges travel, in words
 
     @property
     def step_s(self) -> float:
@@ -244,8 +279,10 @@ def predict(w: Workload, c: Cluster, plan: Plan, global_batch: int, *,
             overlap_dp: bool = False) -> Prediction:
     """Memory per device and the time of one training step for ``plan`` (PREDICTED).
 
-    compute: the device's share of the flops (its replica's batch, split over tp and pp)
-        plus a fixed cost per layer pass.
+    compute: the device's share of the work (its replica's batch, split over tp and pp):
+        each layer's forward and backward as the timelines price them
+        (``costs.Roofline``: matrix products by shape, element-wise work, a fixed cost per
+        pass, recomputation) for a workload made from a ``Network``.
     bubble: a pipeline runs m + p - 1 slots of one micro-batch's forward and backward
         on a stage; p - 1 of them are idle (GPipe's (p-1)/(m+p-1)).
     pp: in every slot a stage waits for an activation and a gradient from its
@@ -253,6 +290,9 @@ def predict(w: Workload, c: Cluster, plan: Plan, global_batch: int, *,
     tp: every tp all-reduce on the critical path (they sit between layers).
     dp: the all-reduce of the device's gradients, once per step; ``overlap_dp`` hides it
         behind the backward pass (2/3 of the compute), as DDP's buckets do.
+    Each axis's all-reduce is priced for its group (``sim.collectives``): a ring inside
+    a node, a ring over every network card its members drive across nodes, NVLink
+    SHARP where the cluster has it; ``Prediction.paths`` says which, in words.
     Every collective call also pays the cluster's ``collective_overhead_s``.
     Memory: model states / (tp pp); activations of the micro-batches in flight (1F1B:
     at most p on the first stage) / pp, their tp-split part / tp.
@@ -265,27 +305,31 @@ def predict(w: Workload, c: Cluster, plan: Plan, global_batch: int, *,
     b = global_batch // plan.dp                  # the replica's samples
     m, p, t = plan.micro_batches, plan.pp, plan.tp
     link = {a: c.link(plan.span(a)) for a in plan.order}
+    stride = {a: plan.span(a) // getattr(plan, a) for a in plan.order}
     # one micro-batch through one stage: its layers, thinner by tp
-    slot = (w.flops_per_sample * b / m / (t * p) / c.flops
-            + 2 * (w.layers / p) * c.layer_overhead_s)
+    slot = _slot_s(w, c, b / m, t) / p
     parts = {"compute": m * slot, "bubble": (p - 1) * slot}
     parts["pp"] = 0.0 if p == 1 else (m + p - 1) * 2 * send_s(w.boundary_bytes * b / m,
                                                               link["pp"])
     n_tp = w.tp_messages * m / p                 # the stage's all-reduces, every micro-batch
-    parts["tp"] = 0.0 if t == 1 else n_tp * (
-        all_reduce_s(w.tp_bytes * (b / m) / w.tp_messages, t, link["tp"])
-        + c.collective_overhead_s)
+    parts["tp"] = 0.0 if t == 1 else n_tp * all_reduce_time(
+        c, w.tp_bytes * (b / m) / w.tp_messages, t, stride["tp"])
     grads = w.params / (t * p) * w.grad_bytes_per_param
-    dp_s = 0.0 if plan.dp == 1 else w.dp_messages * (
-        all_reduce_s(grads / w.dp_messages, plan.dp, link["dp"]) + c.collective_overhead_s)
+    dp_s = 0.0 if plan.dp == 1 else w.dp_messages * all_reduce_time(
+        c, grads / w.dp_messages, plan.dp, stride["dp"])
     parts["dp"] = max(0.0, dp_s - 2 / 3 * parts["compute"]) if overlap_dp else dp_s
     in_flight = b / m * min(p, m)
     states = w.params / (t * p) * w.state_bytes_per_param
     acts = in_flight * (w.act_split_bytes / t + w.act_whole_bytes) / p
     memory = {"states": states, "activations": acts, "total": states + acts}
-    return Prediction(plan, memory, memory["total"] <= c.memory_bytes, parts,
-                      {a: ("intra" if link[a] is c.intra else "inter")
-                       for a in plan.order if getattr(plan, a) > 1})
+    used = [a for a in plan.order if getattr(plan, a) > 1]
+    where = {a: ("inter" if (link[a] is not c.intra if a == "pp" else
+                             spans_nodes(c, getattr(plan, a), stride[a])) else "intra")
+             for a in used}
+    paths = {a: (f"{'inside a node' if where[a] == 'intra' else 'between nodes'}: "
+                 f"{link[a].bandwidth_Bps / 1e9:,.0f} GB/s point to point") if a == "pp"
+             else describe(c, getattr(plan, a), stride[a]) for a in used}
+    return Prediction(plan, memory, memory["total"] <= c.memory_bytes, parts, where, paths)
 
 
 def plans(devices: int, axes=("dp", "tp"), *, micro_batches: int = 1, order=AXES) -> list[Plan]:

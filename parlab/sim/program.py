@@ -1,5 +1,6 @@
-"""What the strategy functions of ``timelines`` and ``servers`` share: checks, the mesh,
-one stage's passes, gradient buckets, schedules, and the step program of every rank.
+"""What the strategy functions of ``timelines`` and ``servers`` share: gradient buckets,
+schedules, and the step program of every rank (the mesh and one stage's passes:
+``sim.stage``).
 
 A program is the list of what one rank does in a step (``engine``'s Compute, Send,
 Recv, Collective, Join); ``programs`` writes them for a dp × tp × pp mesh and
@@ -13,9 +14,11 @@ from ..pipeline import gpipe, one_f_one_b
 from ..split import balance, check_bounds
 from .costs import Network, Roofline
 from .engine import Collective, Compute, Join, PredictedTimeline, Recv, Send, run
-from .model import Cluster, all_reduce_s, send_s
+from .model import send_s
+from .sharding import Sharder, check_zero
+from .stage import Mesh, Stage, all_gather_s  # noqa: F401 (program.Mesh, as before)
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "pipedream")
 
 
 def divides(batch: int, parts: int, what: str) -> int:
@@ -23,114 +26,6 @@ def divides(batch: int, parts: int, what: str) -> int:
         raise ValueError(f"a batch of {batch} does not split into {parts} {what}: use a "
                          f"multiple of {parts} (e.g. {parts * max(batch // parts, 1)})")
     return batch // parts
-
-
-def all_gather_s(nbytes: float, n: int, link, overhead: float = 0.0) -> float:
-    """Ring all-gather of S bytes in all (S/n from each rank): (n-1) alpha + (n-1)/n S/beta."""
-    if n == 1:
-        return 0.0
-    return (n - 1) * link.latency_s + (n - 1) / n * nbytes / link.bandwidth_Bps + overhead
-
-
-def all_reduce_seconds(nbytes, n, link, overhead) -> float:
-    return 0.0 if n == 1 else all_reduce_s(nbytes, n, link) + overhead
-
-
-class Mesh:
-    """dp × pp × tp ranks, tp fastest (``parlab.mesh``'s order), and each axis's link."""
-
-    def __init__(self, cluster: Cluster, dp: int, pp: int, tp: int):
-        self.dp, self.pp, self.tp = dp, pp, tp
-        self.size = dp * pp * tp
-        if self.size > cluster.devices:
-            raise ValueError(f"{dp} × {pp} × {tp} (dp × pp × tp) needs {self.size} devices; "
-                             f"{cluster.name} has {cluster.devices}: use a cluster with more "
-                             "devices or a smaller mesh")
-        span = {"tp": tp, "pp": pp * tp, "dp": self.size}
-        self.link = {a: cluster.link(span[a]) for a in span}
-        self.overhead = cluster.collective_overhead_s
-        self.wake = getattr(cluster, "wake_latency_s", 0.0)
-        self.cores = getattr(cluster, "cores", 0)
-
-    def rank(self, d: int, s: int, t: int) -> int:
-        return (d * self.pp + s) * self.tp + t
-
-    def tp_group(self, d, s) -> tuple:
-        return tuple(self.rank(d, s, t) for t in range(self.tp))
-
-    def dp_group(self, s, t) -> tuple:
-        return tuple(self.rank(d, s, t) for d in range(self.dp))
-
-
-class Stage:
-    """The layers one rank runs (a pipeline stage, sliced over tp), and their transfers."""
-
-    def __init__(self, net: Network, costs, layers: range, mesh: Mesh, scheme: str):
-        self.net, self.costs, self.layers, self.mesh, self.scheme = net, costs, layers, mesh, scheme
-
-    def _sliced(self, i: int) -> int:
-        """tp degree layer i is sliced by: an unpaired last layer stays whole (column_row)."""
-        tp = self.mesh.tp
-        if tp == 1 or self.scheme == "naive" or self.net.layers[i].tp_all_reduces:
-            return tp
-        k = i - self.layers.start
-        return tp if (k % 2 == 1 or k + 1 < len(self.layers)) else 1
-
-    def _tp(self, group, nbytes, seconds, name) -> Collective:
-        return Collective(group, nbytes, seconds, name, "tp")
-
-    def forward(self, name: str, batch: float, group: tuple) -> list:
-        ops, m, ab = [], self.mesh, self.net.act_bytes
-        for k, i in enumerate(self.layers):
-            out = self.net.layers[i].out_elems * batch * ab
-            blocks = self.net.layers[i].tp_all_reduces
-            if m.tp > 1 and blocks:         # a Megatron block: compute, all-reduce, twice
-                ops += self._block(name, self.costs.forward_s(i, batch, m.tp), out, blocks, group)
-                continue
-            ops.append(Compute(name, self.costs.forward_s(i, batch, self._sliced(i))))
-            if m.tp == 1:
-                continue
-            if self.scheme == "naive":      # every layer's slices gathered whole
-                ops.append(self._tp(group, out / m.tp, all_gather_s(out, m.tp, m.link["tp"],
-                                                                     m.overhead), "all-gather"))
-            elif k % 2 == 1:                 # a row-parallel layer: add the partial outputs
-                ops.append(self._tp(group, out, all_reduce_seconds(out, m.tp, m.link["tp"], m.overhead),
-                                    "all-reduce"))
-        return ops
-
-    def backward(self, name: str, batch: float, group: tuple) -> list:
-        ops, m, ab = [], self.mesh, self.net.act_bytes
-        for k in reversed(range(len(self.layers))):
-            i = self.layers[k]
-            grad_in = (self.net.in_elems if i == 0 else self.net.layers[i - 1].out_elems) * batch * ab
-            blocks = self.net.layers[i].tp_all_reduces
-            if m.tp > 1 and blocks:          # (the input data needs no gradient)
-                ops += self._block(name, self.costs.backward_s(i, batch, m.tp), grad_in,
-                                   blocks if i > 0 else 0, group)
-                continue
-            ops.append(Compute(name, self.costs.backward_s(i, batch, self._sliced(i))))
-            # dL/dx of a column-parallel layer is a sum over the ranks; the input data
-            # needs none (the first layer of the network)
-            column = self.scheme == "naive" or (k % 2 == 0 and self._sliced(i) > 1)
-            if m.tp > 1 and column and i > 0:
-                ops.append(self._tp(group, grad_in,
-                                    all_reduce_seconds(grad_in, m.tp, m.link["tp"], m.overhead),
-                                    "all-reduce"))
-        return ops
-
-    def _block(self, name, seconds, nbytes, all_reduces, group) -> list:
-        """A block's pass cut in ``all_reduces`` equal parts, each ending in one."""
-        m, ops = self.mesh, []
-        if all_reduces == 0:
-            return [Compute(name, seconds)]
-        for _ in range(all_reduces):
-            ops.append(Compute(name, seconds / all_reduces))
-            ops.append(self._tp(group, nbytes, all_reduce_seconds(nbytes, m.tp, m.link["tp"], m.overhead),
-                                "all-reduce"))
-        return ops
-
-    def params(self) -> float:
-        return sum(self.net.layers[i].params / self._sliced(i) for i in self.layers)
 
 
 def gradient_buckets(net: Network, layers: range, shard_params, buckets) -> list[tuple[int, float]]:
@@ -164,40 +59,82 @@ def gradient_buckets(net: Network, layers: range, shard_params, buckets) -> list
 
 def programs(net, cluster, costs, batch, *, dp=1, tp=1, pp=1, micro_batches=1,
               schedule="gpipe", scheme="column_row", bounds=None, buckets=1, overlap=True,
-              chunks=1, steps=1, blocking=False, phase_names=None):
+              chunks=1, steps=1, blocking=False, phase_names=None, zero=0):
     """Every rank's program for ``steps`` steps of a dp × pp × tp mesh, and the mesh.
 
-    Each rank runs its stage's schedule (one F and one B when there is no pipeline),
-    its layers sliced over tp, then averages its gradients over dp and updates the
-    parameters it holds. Every strategy but the parameter server is a case of this.
+    Each rank runs its stage's schedule (without a pipeline: its micro-batches one after
+    the other, forward then backward, accumulating gradients), its layers sliced over tp,
+    then averages its gradients over dp (ZeRO ``zero`` 1-3: ``sim.sharding``) and
+    updates the parameters it holds. Every strategy but the parameter server is a case of
+    this.
     """
     mesh = Mesh(cluster, dp, pp, tp)
+    zero = check_zero(zero) if dp > 1 else 0
     replica = divides(batch, dp, "data-parallel replicas")
     mb = divides(replica, micro_batches, "micro-batches")
     stages = pp * chunks
     cuts = stage_layers(net, costs, stages, bounds, mb)
     progs = [[] for _ in range(mesh.size)]
-    ops_of = stage_orders(schedule, pp, micro_batches, chunks)
     named = phase_names or (("forward", "backward") if micro_batches == 1 else None)
-    for _ in range(steps):
+    # PipeDream (Narayanan et al., 2019) never flushes: the micro-batches of every step
+    # stream through one 1F1B schedule, each stage updating after each m backward passes
+    # (with weights stashed, ``sim.memory``); the fill and drain are paid once, not per step
+    stream = schedule == "pipedream" and pp > 1
+    if stream and chunks > 1:
+        raise ValueError("pipedream streams one chunk per device: chunks=1")
+    ops_of = stage_orders(schedule if pp > 1 else "1f1b", pp, micro_batches * (steps if stream else 1),
+                          chunks)
+    for _ in range(1 if stream else steps):
         for d in range(dp):
             for s in range(pp):
                 for t in range(tp):
                     r = mesh.rank(d, s, t)
                     parts = [Stage(net, costs, cuts[c * pp + s], mesh, scheme) for c in range(chunks)]
+                    if zero == 3:
+                        for part in parts:
+                            part.sharder = Sharder(net, mesh, mesh.dp_group(s, t), part.layers,
+                                                   _shard_params(part), overlap)
+                    backs = 0
                     for kind, i, c in ops_of[s]:
                         progs[r] += pipeline_op(kind, i, c, s, parts[c], mesh, d, t, pp, chunks,
-                                                 mb, named, blocking)
-                    progs[r] += data_parallel_ops(net, parts, mesh, s, t, buckets, overlap,
-                                                   progs[r])
-                    params = sum(p.params() for p in parts)
-                    progs[r].append(Compute("update", costs.update_s(params)))
+                                                 mb, named, blocking, schedule)
+                        backs += kind == "B"
+                        if stream and kind == "B" and backs % micro_batches == 0:
+                            progs[r] += _exchange_and_update(net, parts, mesh, s, t, buckets,
+                                                             overlap, progs[r], zero, costs, dp)
+                    if not stream:
+                        progs[r] += _exchange_and_update(net, parts, mesh, s, t, buckets,
+                                                         overlap, progs[r], zero, costs, dp)
     return progs, mesh
 
 
+def _exchange_and_update(net, parts, mesh, s, t, buckets, overlap, prog, zero, costs, dp) -> list:
+    """After a step's last backward pass: average (or shard) the gradients over dp, update."""
+    ops = data_parallel_ops(net, parts, mesh, s, t, buckets, overlap, prog, zero)
+    params = sum(p.params() for p in parts)
+    ops.append(Compute("update", costs.update_s(params / (dp if zero else 1))))
+    if zero in (1, 2):      # every rank updated its 1/N: gather the others'
+        nbytes = params * net.state["params"]
+        ops.append(Collective(mesh.dp_group(s, t), nbytes, mesh.half_ring_s("dp", nbytes),
+                              "all-gather params", "dp"))
+    return ops
+
+
+def _shard_params(stage: Stage):
+    return lambda i: stage.net.layers[i].params / stage._sliced(i)
+
+
 def pipeline_op(kind, i, c, s, stage: Stage, mesh: Mesh, d, t, pp, chunks, mb, named,
-                 blocking) -> list:
-    """One F or B of micro-batch i on chunk c of stage s, with its receive and send."""
+                 blocking, schedule="1f1b") -> list:
+    """One F or B of micro-batch i on chunk c of stage s, with its receive and send.
+
+    With tensor parallelism each rank sends 1/tp of the boundary and the receivers
+    all-gather it over tp (Narayanan et al., 2021, section 4.1: the scatter/gather
+    optimisation). Recomputation runs before the backward pass: in GPipe before the
+    gradient arrives ("re-computation during the backward pass can be scheduled earlier,
+    without waiting for the gradients from earlier layers", Huang et al., 2019, section
+    2.3), filling the wait; in 1F1B once it has (Megatron-LM's backward step).
+    """
     v = c * pp + s                               # the virtual stage (interleaved)
     last_v = pp * chunks - 1
     name = named[0 if kind == "F" else 1] if named else f"{kind}{i}"
@@ -206,67 +143,84 @@ def pipeline_op(kind, i, c, s, stage: Stage, mesh: Mesh, d, t, pp, chunks, mb, n
     group = mesh.tp_group(d, s)
     link = mesh.link["pp"]
     ops = []
+
+    def receive(peer, at):
+        nbytes = boundary_bytes(stage.net, at, mb)
+        out = [Recv(peer, nbytes / mesh.tp, "recv", "pp")]
+        if mesh.tp > 1:
+            out.append(Collective(group, nbytes / mesh.tp, mesh.half_ring_s("tp", nbytes),
+                                  "all-gather", "tp"))
+        return out
+
+    def send(peer, at):
+        nbytes = boundary_bytes(stage.net, at, mb) / mesh.tp
+        return [Send(peer, nbytes, send_s(nbytes, link), "send", "pp", blocking)]
+
     if kind == "F":
         if v > 0:
-            nbytes = boundary_bytes(stage.net, stage.layers.start, mb)
-            ops.append(Recv(prev_rank, nbytes, "recv", "pp"))
+            ops += receive(prev_rank, stage.layers.start)
         ops += stage.forward(name, mb, group)
         if v < last_v:
-            nbytes = boundary_bytes(stage.net, stage.layers.stop, mb)
-            ops.append(Send(next_rank, nbytes, send_s(nbytes, link), "send", "pp", blocking))
+            ops += send(next_rank, stage.layers.stop)
     else:
+        early = stage.recompute("recompute", mb, group) if schedule == "gpipe" else []
+        ops += early
         if v < last_v:
-            nbytes = boundary_bytes(stage.net, stage.layers.stop, mb)
-            ops.append(Recv(next_rank, nbytes, "recv", "pp"))
+            ops += receive(next_rank, stage.layers.stop)
+        if not early:
+            ops += stage.recompute("recompute", mb, group)
         ops += stage.backward(name, mb, group)
         if v > 0:
-            nbytes = boundary_bytes(stage.net, stage.layers.start, mb)
-            ops.append(Send(prev_rank, nbytes, send_s(nbytes, link), "send", "pp", blocking))
+            ops += send(prev_rank, stage.layers.start)
     return ops
 
 
 def boundary_bytes(net: Network, at: int, batch: float) -> float:
-    """The activation crossing the cut before layer ``at`` (its gradient is as large)."""
-    return net.layers[at - 1].out_elems * batch * net.act_bytes
+    """What crosses the cut before layer ``at``: the activation handed on and every skip
+    tensor jumping over it (``Network.cut_bytes``; its gradient is as large)."""
+    return net.cut_bytes(at, batch)
 
 
-def data_parallel_ops(net, parts, mesh: Mesh, s, t, buckets, overlap, prog) -> list:
+def data_parallel_ops(net, parts, mesh: Mesh, s, t, buckets, overlap, prog, zero=0) -> list:
     """Average the replica's gradients over dp: after the backward, or overlapped with it.
 
     overlap: each bucket's all-reduce is posted, in the background, right after the
     backward of its first layer (in backward order) and runs while the backward goes
     on (DDP's hooks); the update waits for all of them (``Join``). Otherwise they run
-    one after another once the backward is done.
+    one after another once the backward is done. ZeRO 1 and 2 reduce-scatter the
+    buckets instead; ZeRO 3 has reduce-scattered each layer's already (``Sharder``).
     """
     if mesh.dp == 1:
         return []
+    if zero == 3:
+        return [Join()] if overlap else []
     group = mesh.dp_group(s, t)
-    link = mesh.link["dp"]
     shard = {i: net.layers[i].params / p._sliced(i) for p in parts for i in p.layers}
     layers = [i for p in parts for i in p.layers]
     plan = gradient_buckets(net, range(min(layers), max(layers) + 1), shard.get, buckets)
-    ops = [Collective(group, nbytes, all_reduce_seconds(nbytes, mesh.dp, link, mesh.overhead),
-                      "all-reduce", "dp", background=overlap) for _, nbytes in plan]
+    if zero:
+        ops = [Collective(group, nbytes, mesh.half_ring_s("dp", nbytes), "reduce-scatter",
+                          "dp", background=overlap) for _, nbytes in plan]
+    else:
+        ops = [Collective(group, nbytes, mesh.all_reduce_s("dp", nbytes),
+                          "all-reduce", "dp", background=overlap) for _, nbytes in plan]
     if not overlap:
         return ops
-    weave_after_backward(prog, plan, ops, parts)
+    weave_after_backward(prog, plan, ops)
     return [Join()]
 
 
-def weave_after_backward(prog: list, plan, ops, parts) -> None:
-    """Insert each bucket's all-reduce right after the backward pass that completes it.
-
-    Walking back from the end of this step's ops, the backward computes met first are
-    those of the last micro-batch, first layer first: the k-th is layer ``layers[k]``.
-    """
-    layers = [i for p in parts for i in p.layers]
+def weave_after_backward(prog: list, plan, ops) -> None:
+    """Insert each bucket's all-reduce right after the backward pass that completes it:
+    the last backward compute of its layer in this step (the last micro-batch's)."""
     where: dict[int, int] = {}
     for pos in range(len(prog) - 1, -1, -1):
         op = prog[pos]
-        if isinstance(op, Compute) and op.name == "update" or len(where) == len(layers):
+        if isinstance(op, Compute) and op.name == "update":
             break
-        if isinstance(op, Compute) and (op.name == "backward" or op.name.startswith("B")):
-            where[layers[len(where)]] = pos
+        if (isinstance(op, Compute) and op.layer is not None and op.layer not in where
+                and (op.name == "backward" or op.name.startswith("B"))):
+            where[op.layer] = pos
     for (layer, _), op in sorted(zip(plan, ops), key=lambda x: -where[x[0][0]]):
         prog.insert(where[layer] + 1, op)
 
@@ -279,7 +233,7 @@ def stage_orders(name: str, pp: int, m: int, chunks: int) -> list[list[tuple]]:
         return interleaved_orders(pp, m, chunks)
     if chunks != 1:
         raise ValueError(f"chunks={chunks} needs schedule='interleaved'")
-    ops = (gpipe if name == "gpipe" else one_f_one_b)(pp, m)
+    ops = (gpipe if name == "gpipe" else one_f_one_b)(pp, m)    # pipedream: 1F1B's order
     check_schedule(ops, pp, m)
     return [[(k, i, 0) for k, i in stage] for stage in ops]
 

@@ -6,13 +6,15 @@
 * GPipe (Huang et al., 2019, arXiv:1811.06965, Table 2): normalised training
   throughput of Transformer-48 on TPUs with K = 2, 4, 8 partitions and M = 32
   micro-batches: 1.8, 3.4, 6.3 (K = 2, M = 1 is 1). Predicted: the throughput of a
-  predicted GPipe timeline, same global batch, layers spread evenly.
+  predicted GPipe timeline, same global batch, layers spread evenly, re-materialising
+  as GPipe does (its recomputation runs before each gradient arrives, section 2.3).
 * Megatron-LM (Shoeybi et al., 2019, arXiv:1909.08053, section 5.1 and Figure 5):
   weak scaling of tensor ("model") parallelism, 8.3 B parameters on 8 GPUs against
   1.2 B on one: 77 % of linear scaling. Table 1's configurations (hidden 1536, 16
   heads, 40 layers on 1 GPU; 3072, 32, 72 on 8), batch 8, sequence 1024, vocabulary
   51,200, on a DGX-2H. The single-GPU baseline's 39 TFLOP/s (the abstract) calibrates
-  the V100's sustained rate; the 8-way run is then predicted from it.
+  the V100's matrix rate (its matrix unit's too: the 8-way run's thinner products are
+  then priced by shape); the 8-way run is then predicted from it.
 * nccl-tests (NVIDIA, doc/PERFORMANCE.md): an all-reduce's bus bandwidth is its
   algorithm bandwidth times 2(n - 1)/n, and equals the link's bandwidth B when the
   operation is optimal. Predicted: B / (S / t) with t the model's ring all-reduce of
@@ -76,7 +78,8 @@ def gpipe_throughput(partitions: int, micro_batches: int, *, batch: int = 256) -
     net = Network.transformer("Transformer-48", 48, 2048, 32, seq=256)
 
     def rate(k, m):
-        tl = pipeline(net, tpu_v3_cores(8), batch, stages=k, micro_batches=m, schedule="gpipe")
+        tl = pipeline(net, tpu_v3_cores(8), batch, stages=k, micro_batches=m, schedule="gpipe",
+                      recompute="full")
         return batch / tl.step_s
     return rate(partitions, micro_batches) / rate(2, 1)
 
@@ -107,9 +110,15 @@ def megatron_cluster() -> Cluster:
     lo, hi = 1e12, 125e12
     for _ in range(60):
         mid = (lo + hi) / 2
-        step = single_device(one, replace(base, flops=mid), MEGATRON_BATCH).step_s
+        step = single_device(one, _at_rate(base, mid), MEGATRON_BATCH).step_s
         lo, hi = (mid, hi) if step > want else (lo, mid)
-    return replace(base, flops=(lo + hi) / 2)
+    return _at_rate(base, (lo + hi) / 2)
+
+
+def _at_rate(cluster: Cluster, rate: float) -> Cluster:
+    """The cluster with its matrix rate (and its matrix unit's) set to ``rate``."""
+    unit = cluster.matrix and replace(cluster.matrix, rate=rate)
+    return replace(cluster, flops=rate, matrix=unit)
 
 
 def megatron_weak_scaling(devices: int = 8) -> float:

@@ -18,13 +18,21 @@ Strategies (``sim.timeline(name, ...)`` dispatches by name, see ``sim.strategies
 
     single_device(net, cluster, batch)
     manual_split(net, cluster, batch, devices=2, bounds=None)       lab 02
-    tensor_parallel(net, cluster, batch, devices=2, scheme="column_row" | "naive")   lab 03
+    tensor_parallel(net, cluster, batch, devices=2, scheme="column_row" | "naive",
+                    sequence_parallel=False)                         lab 03
     pipeline(net, cluster, batch, stages=2, micro_batches=4,
-             schedule="gpipe" | "1f1b" | "interleaved", chunks=2)  lab 04
-    data_parallel(net, cluster, batch, devices=2, buckets=1, overlap=True)   lab 05
+             schedule="gpipe" | "1f1b" | "interleaved" | "pipedream", chunks=2)  lab 04
+    data_parallel(net, cluster, batch, devices=2, buckets=1, overlap=True,
+                  zero=0 | 1 | 2 | 3)                               lab 05 (ZeRO, FSDP: lab 08)
     parameter_server(net, cluster, batch, workers=2, mode="sync" | "async",
                      slow={worker: factor})                in sim.servers, lab 06
-    hybrid(net, cluster, batch, dp=2, tp=1, pp=1, micro_batches=4)   lab 07
+    hybrid(net, cluster, batch, dp=2, tp=1, pp=1, micro_batches=None,
+           schedule="1f1b" | "gpipe" | "interleaved", chunks=2, zero=0,
+           sequence_parallel=False)                                  lab 07
+
+``recompute=None | "selective" | "full"`` (activation recomputation, Korthikanti et
+al., 2022) is accepted by every one but the parameter server (``net.trained(...)``
+sets it, with sequence parallelism, on the network itself).
 
 Ranks are laid out as in ``parlab.mesh`` (dp outermost, then pp, then tp fastest), and
 each axis uses the cluster's fast link when its groups fit in one node.
@@ -41,31 +49,24 @@ from .program import (SCHEDULES, all_gather_s, costs_for, notes_for, programs,  
 SCHEMES = ("column_row", "naive")
 
 
-# ------------------------------------------------------------------ checks
-
-
-# ------------------------------------------------------------------ collectives' seconds
-
-
-# ------------------------------------------------------------------ the mesh
-
-
-# ------------------------------------------------------------------ one stage's passes
-
-
-# ------------------------------------------------------------------ data parallel gradients
-
-
-# ------------------------------------------------------------------ the programs
-
-
 # ------------------------------------------------------------------ the strategies
-def single_device(net: Network, cluster: Cluster, batch: int, *, steps: int = 1,
-                  costs=None) -> PredictedTimeline:
-    """Lab 01: forward, backward and update of the whole batch on one device."""
+def _trained(net: Network, recompute=None, sequence_parallel=False) -> Network:
+    """The network with the strategy's training options (its own, where none are given)."""
+    if recompute is None and not sequence_parallel:
+        return net
+    return net.trained(recompute=recompute or net.recompute,
+                       sequence_parallel=sequence_parallel or net.sequence_parallel)
+
+
+def single_device(net: Network, cluster: Cluster, batch: int, *, micro_batches: int = 1,
+                  recompute=None, steps: int = 1, costs=None) -> PredictedTimeline:
+    """Lab 01: forward, backward and update of the whole batch on one device (in
+    ``micro_batches`` passes whose gradients add up, when given)."""
     batch, steps = counted(batch, "batch"), counted(steps, "steps")
+    net = _trained(net, recompute)
     costs = costs_for(net, cluster, costs)
-    progs, mesh = programs(net, cluster, costs, batch, steps=steps)
+    progs, mesh = programs(net, cluster, costs, batch, steps=steps,
+                           micro_batches=counted(micro_batches, "micro_batches"))
     return run_programs(progs, mesh, steps, notes_for("single device", net, cluster, costs))
 
 
@@ -81,16 +82,20 @@ def manual_split(net: Network, cluster: Cluster, batch: int, *, devices: int = 2
 
 
 def tensor_parallel(net: Network, cluster: Cluster, batch: int, *, devices: int = 2,
-                    scheme: str = "column_row", steps: int = 1, costs=None) -> PredictedTimeline:
+                    scheme: str = "column_row", sequence_parallel: bool = False,
+                    recompute=None, steps: int = 1, costs=None) -> PredictedTimeline:
     """Lab 03: every layer's neurons sliced over ``devices``; the whole batch on each.
 
     naive: every layer column-parallel, its output all-gathered and its input's
     gradient all-reduced. column_row: Megatron-LM's pairs (Shoeybi et al., 2019): one
     all-reduce per pair forward, one per pair backward (none for the first pair's input).
+    sequence_parallel: a block's all-reduces become reduce-scatters and all-gathers and
+    the ranks split the work they repeated (Korthikanti et al., 2022).
     """
     if scheme not in SCHEMES:
         raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
     batch, steps, devices = counted(batch, "batch"), counted(steps, "steps"), counted(devices, "devices")
+    net = _trained(net, recompute, sequence_parallel)
     costs = costs_for(net, cluster, costs)
     progs, mesh = programs(net, cluster, costs, batch, tp=devices, scheme=scheme, steps=steps)
     return run_programs(progs, mesh, steps, notes_for(f"tensor parallel ({scheme}) over {devices}", net,
@@ -99,13 +104,18 @@ def tensor_parallel(net: Network, cluster: Cluster, batch: int, *, devices: int 
 
 def pipeline(net: Network, cluster: Cluster, batch: int, *, stages: int = 2,
              micro_batches: int = 4, schedule: str = "1f1b", chunks: int = 2, bounds=None,
-             steps: int = 1, costs=None) -> PredictedTimeline:
-    """Lab 04: a micro-batch pipeline (GPipe, 1F1B, or interleaved 1F1B with ``chunks``
-    model chunks per device). Sends are non-blocking (``isend``), as in the course's
-    pipeline; spans are named F<i> and B<i>; the bubble is the stages' idle share."""
+             recompute=None, steps: int = 1, costs=None) -> PredictedTimeline:
+    """Lab 04: a micro-batch pipeline (GPipe, 1F1B, interleaved 1F1B with ``chunks``
+    model chunks per device, or PipeDream: 1F1B that never flushes, the micro-batches of
+    all ``steps`` in one stream, each stage updating after each m backward passes).
+    Sends are non-blocking (``isend``), as in the course's pipeline; spans are named F<i>
+    and B<i>; the bubble is the stages' idle share.
+    recompute: GPipe re-materialises (Huang et al., 2019): its recomputation runs
+    before the gradient arrives, in the cool-down's wait."""
     batch, steps = counted(batch, "batch"), counted(steps, "steps")
     stages, micro_batches = counted(stages, "stages"), counted(micro_batches, "micro_batches")
     chunks = counted(chunks, "chunks") if schedule == "interleaved" else 1
+    net = _trained(net, recompute)
     costs = costs_for(net, cluster, costs)
     progs, mesh = programs(net, cluster, costs, batch, pp=stages, micro_batches=micro_batches,
                             schedule=schedule, chunks=chunks, bounds=bounds, steps=steps,
@@ -115,38 +125,54 @@ def pipeline(net: Network, cluster: Cluster, batch: int, *, stages: int = 2,
 
 
 def data_parallel(net: Network, cluster: Cluster, batch: int, *, devices: int = 2,
-                  buckets=1, overlap: bool = True, steps: int = 1,
-                  costs=None) -> PredictedTimeline:
+                  buckets=1, overlap: bool = True, zero: int = 0, micro_batches: int = 1,
+                  recompute=None, steps: int = 1, costs=None) -> PredictedTimeline:
     """Lab 05: each replica on batch / devices, gradients averaged by ring all-reduce.
 
     buckets: how many all-reduces (layers grouped last first, as DDP does), or
     "per_tensor". overlap: each bucket's all-reduce runs on a second lane ("rank r
     buckets") while the backward goes on, the update waits for them; without it they
-    follow the backward.
+    follow the backward. zero: 1 and 2 reduce-scatter the gradients and all-gather the
+    updated parameters, 3 (FSDP) gathers each layer's parameters before its passes
+    (``sim.sharding``). micro_batches: passes whose gradients add up before the exchange.
     """
     batch, steps, devices = counted(batch, "batch"), counted(steps, "steps"), counted(devices, "devices")
+    net = _trained(net, recompute)
     costs = costs_for(net, cluster, costs)
     progs, mesh = programs(net, cluster, costs, batch, dp=devices, buckets=buckets,
-                            overlap=overlap, steps=steps)
+                            overlap=overlap, steps=steps, zero=zero,
+                            micro_batches=counted(micro_batches, "micro_batches"))
     how = f"{buckets} bucket(s), {'overlapped' if overlap else 'after the backward'}"
-    return run_programs(progs, mesh, steps, notes_for(f"data parallel over {devices}, {how}", net, cluster,
-                                           costs), background=overlap and devices > 1)
+    what = f"ZeRO-{zero} " if zero else ""
+    return run_programs(progs, mesh, steps, notes_for(f"{what}data parallel over {devices}, {how}",
+                                                      net, cluster, costs),
+                        background=overlap and devices > 1)
 
 
 def hybrid(net: Network, cluster: Cluster, batch: int, *, dp: int = 2, tp: int = 1, pp: int = 1,
-           micro_batches: int = 4, schedule: str = "1f1b", scheme: str = "column_row",
-           buckets=1, overlap: bool = False, steps: int = 1, costs=None) -> PredictedTimeline:
-    """Lab 07: data parallel over replicas that each split the model (dp × tp, dp × pp).
+           micro_batches: int | None = None, schedule: str = "1f1b", chunks: int = 2,
+           scheme: str = "column_row", buckets=1, overlap: bool = False, bounds=None,
+           zero: int = 0, sequence_parallel: bool = False, recompute=None, steps: int = 1,
+           costs=None) -> PredictedTimeline:
+    """Lab 07: data parallel over replicas that each split the model (dp × tp × pp).
 
-    The replica runs tensor parallel or a pipeline; then its gradients are averaged over
-    the dp line, in one bucket after the backward (lab 07's ``bucket=True``)."""
+    The replica runs tensor parallel and/or a pipeline (cut at ``bounds``, default
+    balanced; ``schedule="interleaved"``: ``chunks`` model chunks per device, with tp too,
+    Narayanan et al., 2021); then its gradients are averaged over the dp line, in one
+    bucket after the backward (lab 07's ``bucket=True``), or sharded (``zero``).
+    micro_batches: per replica and step (default: 4 with a pipeline, 1 without; without a
+    pipeline they run one after another, their gradients adding up)."""
     batch, steps = counted(batch, "batch"), counted(steps, "steps")
     dp, tp, pp = counted(dp, "dp"), counted(tp, "tp"), counted(pp, "pp")
-    m = counted(micro_batches, "micro_batches") if pp > 1 else 1
+    m = counted(micro_batches, "micro_batches") if micro_batches is not None else (
+        4 if pp > 1 else 1)
+    chunks = counted(chunks, "chunks") if schedule == "interleaved" else 1
+    net = _trained(net, recompute, sequence_parallel)
     costs = costs_for(net, cluster, costs)
     progs, mesh = programs(net, cluster, costs, batch, dp=dp, tp=tp, pp=pp, micro_batches=m,
-                            schedule=schedule, scheme=scheme, buckets=buckets, overlap=overlap,
-                            steps=steps, phase_names=("F0", "B0") if pp > 1 and m == 1 else None)
+                            schedule=schedule, chunks=chunks, scheme=scheme, buckets=buckets,
+                            overlap=overlap, bounds=bounds, steps=steps, zero=zero,
+                            phase_names=("F0", "B0") if pp > 1 and m == 1 else None)
     shape = " × ".join(f"{a} {n}" for a, n in (("dp", dp), ("pp", pp), ("tp", tp)) if n > 1)
     return run_programs(progs, mesh, steps, notes_for(f"hybrid {shape or 'one device'}", net, cluster,
                                            costs), background=overlap and dp > 1)

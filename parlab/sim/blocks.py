@@ -1,0 +1,106 @@
+"""Transformer blocks as the cost model sees them: GPT's and Llama's, per sequence.
+
+A block of hidden size h with a heads of d = h / a, kv key-value heads (grouped-query
+attention, Ainslie et al., 2023: kv = a is multi-head attention), an MLP of f hidden
+units (gated: SwiGLU's three matrices, Shazeer, 2020), on a sequence of s tokens, in
+16-bit activations (2 bytes):
+
+* parameters: Q and O h^2 each, K and V h kv d each; MLP 2 h f (gated 3 h f); biases if
+  any; two norms (LayerNorm 2h each, RMSNorm h each, Zhang & Sennrich, 2019).
+* forward FLOPs: 2 s x (the matrices' parameters) + 4 s^2 h (the scores Q K^T and their
+  use on V; Narayanan et al., 2021, eq. 3 over 3 for the forward alone). GPT (f = 4h,
+  kv = a): 24 s h^2 + 4 s^2 h.
+* matrix products (``Gemm``): QKV (s x (h + 2 kv d) x h, column-parallel), the scores
+  and their use (a products of s x s x d and s x d x s, split by heads), the output
+  projection (s x h x h, row-parallel), the MLP's up (s x f x h, twice gated) and down
+  (s x h x f, row-parallel) projections: Megatron-LM's layout (Shoeybi et al., 2019).
+* kept for the backward pass, in bytes (Korthikanti et al., 2022, section 4.1, eq. 1:
+  GPT's s h (34 + 5 a s / h)): split by tensor parallelism: Q 2sh, K and V 2 s kv d
+  each, the softmax's output 2 a s^2 and, with dropout, its mask a s^2 and output
+  2 a s^2 (these three: what selective recomputation drops, "attention"), the output
+  projection's input 2sh, the MLP's activation input 2sf and its output 2sf (gated: the
+  gate's and the up projection's outputs and their product, 6sf); every tp rank holds
+  whole the two norms' inputs 4sh, the inputs of QKV and of the MLP 4sh, and with
+  dropout its two masks 2sh (what sequence parallelism splits). With flash attention
+  (Dao et al., 2022) the s^2 tensors are never stored (4 a s bytes of softmax
+  statistics are) and the scores are recomputed in the backward pass.
+* element-wise bytes, read + written: softmax (and scaling, and dropout) over a s^2
+  scores (none with flash attention: fused on chip), the MLP's activation over sf (gated
+  5sf: SiLU, and the product's two reads and one write), rotary embeddings over Q and K;
+  every tp rank repeats the two norms (2sh each), the two residual adds (3sh each) and
+  with dropout the two dropouts (2sh each).
+* under tensor parallelism the block all-reduces its s h output twice forward and its
+  input's gradient twice backward (Shoeybi et al., 2019, figure 4).
+"""
+from __future__ import annotations
+
+from .layers import Gemm, Layer
+
+AB = 2                     # bytes per activation element (fp16 / bf16)
+
+
+def block(name: str, seq: int, hidden: int, heads: int, *, kv_heads: int | None = None,
+          ffn: int | None = None, gated: bool = False, norm: str = "layernorm",
+          bias: bool = True, dropout: bool = True, rotary: bool = False,
+          flash: bool = False) -> Layer:
+    """One transformer block per sequence (see the module doc)."""
+    s, h, a = seq, hidden, heads
+    kv = a if kv_heads is None else kv_heads
+    if h % a or a % kv:
+        raise ValueError(f"hidden={h} must divide into heads={a}, and heads into "
+                         f"kv_heads={kv} groups")
+    if norm not in ("layernorm", "rmsnorm"):
+        raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', got {norm!r}")
+    d, f = h // a, 4 * h if ffn is None else ffn
+    kvd = kv * d
+    up = (2 if gated else 1) * f
+    matrices = h * h + 2 * h * kvd + h * h + h * up + f * h
+    biases = (h + 2 * kvd + h + up + h) if bias else 0
+    norms = 2 * (2 * h if norm == "layernorm" else h)
+    gemms = (Gemm(s, h + 2 * kvd, h, split="n"),
+             Gemm(s, s, d, count=a, weights=False, split="count"),
+             Gemm(s, d, s, count=a, weights=False, split="count"),
+             Gemm(s, h, h, split="k"),
+             Gemm(s, up, h, split="n"),
+             Gemm(s, h, f, split="k"))
+    flops = sum(g.flops for g in gemms)
+    # kept for backward, bytes (Korthikanti et al., 2022, section 4.1, generalised)
+    if flash:
+        attention = 4.0 * a * s                       # the softmax's statistics, float32
+    else:
+        attention = 2.0 * a * s * s + (3.0 * a * s * s if dropout else 0.0)
+    split = (2 * s * h + 4 * s * kvd) + attention + 2 * s * h + (6 if gated else 4) * s * f
+    replicated = 4 * s * h + 4 * s * h + (2 * s * h if dropout else 0)
+    # element-wise traffic, bytes read + written
+    softmax = 0.0 if flash else AB * 2.0 * a * s * s * (3 if dropout else 2)
+    mlp = AB * (5.0 if gated else 2.0) * s * f
+    rope = AB * 2.0 * (s * h + s * kvd) if rotary else 0.0
+    repeated = AB * (2 * 2 + 2 * 3 + (2 * 2 if dropout else 0)) * s * h
+    return Layer(name, matrices + biases + norms, flops, out_elems=s * h,
+                 saved_elems=split / AB, elementwise_bytes=softmax + mlp + rope,
+                 replicated_bytes=repeated, tp_all_reduces=2, gemms=gemms,
+                 saved_replicated_elems=replicated / AB, attention_elems=attention / AB,
+                 attention_bytes=softmax)
+
+
+def embedding(seq: int, hidden: int, vocab: int) -> Layer:
+    """The token embedding (vocab x h, split over tp by vocabulary; its output all-reduced,
+    Megatron-LM's VocabParallelEmbedding): a lookup, no matrix work; keeps nothing."""
+    return Layer("embedding", vocab * hidden, 0.0, out_elems=seq * hidden, saved_elems=0.0,
+                 elementwise_bytes=AB * 2.0 * seq * hidden, tp_all_reduces=1)
+
+
+def head(seq: int, hidden: int, vocab: int, *, tied: bool, norm: str = "layernorm") -> Layer:
+    """The final norm and the logits (s x V x h, split by vocabulary; tied: the embedding's
+    matrix, no parameters of its own). Kept: the norm's and the product's inputs (whole on
+    every tp rank) and the softmax of the logits in float32 for the loss, 4 s V bytes
+    split by vocabulary (Megatron-LM's vocabulary-parallel cross-entropy). Its input's
+    gradient is summed over tp (one all-reduce; forward, the parallel cross-entropy
+    exchanges only s numbers, counted as one all-reduce too)."""
+    gemm = Gemm(seq, vocab, hidden, split="n")
+    params = (0 if tied else vocab * hidden) + (2 if norm == "layernorm" else 1) * hidden
+    return Layer("head", params, gemm.flops, out_elems=seq * hidden,
+                 saved_elems=4.0 * seq * vocab / AB,
+                 elementwise_bytes=(4.0 + 4.0) * seq * vocab,      # softmax: float32 r + w
+                 replicated_bytes=AB * 2.0 * seq * hidden, tp_all_reduces=1, gemms=(gemm,),
+                 saved_replicated_elems=2.0 * seq * hidden)

@@ -1,0 +1,169 @@
+"""The mesh of ranks and what one rank's stage does in a pass: its layers' compute and
+their tensor-parallel collectives.
+
+``Mesh``: dp × pp × tp ranks laid out as ``parlab.mesh`` does (tp fastest), each axis's
+collectives priced by ``sim.collectives`` (its group's size and stride: inside a node,
+across nodes over every card, NVLink SHARP), point-to-point sends over the link between
+the stages' devices. ``Stage``: the layers of one pipeline stage (or chunk) on one rank,
+sliced over tp: a Megatron block computes and all-reduces twice per pass (Shoeybi et
+al., 2019, figure 4); plain linear layers pair column-then-row.
+"""
+from __future__ import annotations
+
+from .collectives import all_reduce_time, half_ring_time
+from .costs import Network
+from .engine import Collective, Compute
+from .model import Cluster
+
+
+def all_gather_s(nbytes: float, n: int, link, overhead: float = 0.0) -> float:
+    """Ring all-gather of S bytes in all (S/n from each rank): (n-1) alpha + (n-1)/n S/beta."""
+    if n == 1:
+        return 0.0
+    return (n - 1) * link.latency_s + (n - 1) / n * nbytes / link.bandwidth_Bps + overhead
+
+
+class Mesh:
+    """dp × pp × tp ranks, tp fastest (``parlab.mesh``'s order); each axis's collectives and
+    the point-to-point link between neighbouring stages."""
+
+    def __init__(self, cluster: Cluster, dp: int, pp: int, tp: int):
+        self.dp, self.pp, self.tp = dp, pp, tp
+        self.size = dp * pp * tp
+        if self.size > cluster.devices:
+            raise ValueError(f"{dp} × {pp} × {tp} (dp × pp × tp) needs {self.size} devices; "
+                             f"{cluster.name} has {cluster.devices}: use a cluster with more "
+                             "devices or a smaller mesh")
+        span = {"tp": tp, "pp": pp * tp, "dp": self.size}
+        self.link = {a: cluster.link(span[a]) for a in span}
+        self.stride = {"tp": 1, "pp": tp, "dp": pp * tp}
+        self.cluster = cluster
+        self.overhead = cluster.collective_overhead_s
+        self.wake = getattr(cluster, "wake_latency_s", 0.0)
+        self.cores = getattr(cluster, "cores", 0)
+
+    def rank(self, d: int, s: int, t: int) -> int:
+        return (d * self.pp + s) * self.tp + t
+
+    def tp_group(self, d, s) -> tuple:
+        return tuple(self.rank(d, s, t) for t in range(self.tp))
+
+    def dp_group(self, s, t) -> tuple:
+        return tuple(self.rank(d, s, t) for d in range(self.dp))
+
+    def all_reduce_s(self, axis: str, nbytes: float) -> float:
+        """An all-reduce of ``nbytes`` over the axis's group (``collectives.all_reduce_time``)."""
+        return all_reduce_time(self.cluster, nbytes, getattr(self, axis), self.stride[axis])
+
+    def half_ring_s(self, axis: str, nbytes: float) -> float:
+        """A reduce-scatter or an all-gather of an ``nbytes`` buffer over the axis's group."""
+        return half_ring_time(self.cluster, nbytes, getattr(self, axis), self.stride[axis])
+
+
+class Stage:
+    """The layers one rank runs (a pipeline stage, sliced over tp), and their transfers.
+
+    The network's training options shape the passes: ``net.recompute`` ("full": every
+    layer's forward again, its collectives too, before its backward; "selective": only
+    attention's products and element-wise work, Korthikanti et al., 2022, section 5) and
+    ``net.sequence_parallel`` (the work tp ranks repeated, split; a block's all-reduces
+    become reduce-scatters and all-gathers of the same bytes in all, section 4.2.2).
+    sharder: ZeRO-3 / FSDP's parameter gathers around each layer (``sim.sharding``).
+    """
+
+    def __init__(self, net: Network, costs, layers: range, mesh: Mesh, scheme: str,
+                 sharder=None):
+        self.net, self.costs, self.layers, self.mesh, self.scheme = net, costs, layers, mesh, scheme
+        self.sharder = sharder
+
+    def _sliced(self, i: int) -> int:
+        """tp degree layer i is sliced by: an unpaired last layer stays whole (column_row)."""
+        tp = self.mesh.tp
+        if tp == 1 or self.scheme == "naive" or self.net.layers[i].tp_all_reduces:
+            return tp
+        k = i - self.layers.start
+        return tp if (k % 2 == 1 or k + 1 < len(self.layers)) else 1
+
+    def _tp(self, group, nbytes, seconds, name) -> Collective:
+        return Collective(group, nbytes, seconds, name, "tp")
+
+    def _layer_forward(self, name: str, i: int, k: int, batch: float, group: tuple) -> list:
+        m, ab = self.mesh, self.net.act_bytes
+        out = self.net.layers[i].out_elems * batch * ab
+        blocks = self.net.layers[i].tp_all_reduces
+        if m.tp > 1 and blocks:         # a Megatron block: compute, all-reduce, twice
+            return self._block(name, self.costs.forward_s(i, batch, m.tp), out, blocks, group, i)
+        ops = [Compute(name, self.costs.forward_s(i, batch, self._sliced(i)), i)]
+        if m.tp == 1:
+            return ops
+        if self.scheme == "naive":      # every layer's slices gathered whole
+            ops.append(self._tp(group, out / m.tp, m.half_ring_s("tp", out), "all-gather"))
+        elif k % 2 == 1:                 # a row-parallel layer: add the partial outputs
+            ops.append(self._tp(group, out, m.all_reduce_s("tp", out), "all-reduce"))
+        return ops
+
+    def forward(self, name: str, batch: float, group: tuple) -> list:
+        ops = []
+        for k, i in enumerate(self.layers):
+            if self.sharder:
+                ops += self.sharder.before(i, forward=True)
+            ops += self._layer_forward(name, i, k, batch, group)
+            if self.sharder:
+                ops += self.sharder.after(i, forward=True)
+        return ops
+
+    def recompute(self, name: str, batch: float, group: tuple) -> list:
+        """What activation recomputation runs again before this stage's backward pass."""
+        how = self.net.recompute
+        if how == "full":
+            return [op for k, i in enumerate(self.layers)
+                    for op in self._layer_forward(name, i, k, batch, group)]
+        if how == "selective":
+            return [Compute(name, self.costs.recompute_s(i, batch, self._sliced(i)), i)
+                    for i in self.layers if self.net.layers[i].attention_elems]
+        return []
+
+    def backward(self, name: str, batch: float, group: tuple) -> list:
+        ops, m, ab = [], self.mesh, self.net.act_bytes
+        for k in reversed(range(len(self.layers))):
+            i = self.layers[k]
+            if self.sharder:
+                ops += self.sharder.before(i, forward=False)
+            grad_in = self.net.out_elems(i - 1) * batch * ab
+            blocks = self.net.layers[i].tp_all_reduces
+            if m.tp > 1 and blocks:          # (the input data needs no gradient)
+                ops += self._block(name, self.costs.backward_s(i, batch, m.tp), grad_in,
+                                   blocks if i > 0 else 0, group, i)
+            else:
+                ops.append(Compute(name, self.costs.backward_s(i, batch, self._sliced(i)), i))
+                # dL/dx of a column-parallel layer is a sum over the ranks; the input data
+                # needs none (the first layer of the network)
+                column = self.scheme == "naive" or (k % 2 == 0 and self._sliced(i) > 1)
+                if m.tp > 1 and column and i > 0:
+                    ops.append(self._tp(group, grad_in, m.all_reduce_s("tp", grad_in),
+                                        "all-reduce"))
+            if self.sharder:
+                ops += self.sharder.after(i, forward=False)
+        return ops
+
+    def _block(self, name, seconds, nbytes, all_reduces, group, layer) -> list:
+        """A block's pass cut in ``all_reduces`` equal parts, each ending in one all-reduce
+        (sequence parallel: a reduce-scatter here and an all-gather at the part's start,
+        the same ring bytes in all)."""
+        m, ops = self.mesh, []
+        if all_reduces == 0:
+            return [Compute(name, seconds, layer)]
+        for _ in range(all_reduces):
+            if self.net.sequence_parallel:
+                ops.append(self._tp(group, nbytes / m.tp, m.half_ring_s("tp", nbytes),
+                                    "all-gather"))
+                ops.append(Compute(name, seconds / all_reduces, layer))
+                ops.append(self._tp(group, nbytes / m.tp, m.half_ring_s("tp", nbytes),
+                                    "reduce-scatter"))
+            else:
+                ops.append(Compute(name, seconds / all_reduces, layer))
+                ops.append(self._tp(group, nbytes, m.all_reduce_s("tp", nbytes), "all-reduce"))
+        return ops
+
+    def params(self) -> float:
+        return sum(self.net.layers[i].params / self._sliced(i) for i in self.layers)
