@@ -23,8 +23,8 @@ def accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray, device="cpu") -> fl
 
 def train(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int = 5,
           batch_size: int = 64, lr: float = 1e-3, device="cpu", progress: bool = True,
-          seed: int = 0, x_test=None, y_test=None) -> dict:
-    """A plain training loop (Adam, cross-entropy) with a progress bar.
+          seed: int = 0, x_test=None, y_test=None, loss_fn=None) -> dict:
+    """A plain training loop (Adam, cross-entropy or ``loss_fn``) with a progress bar.
 
     Returns the loss of every step and, if test data is given, the test accuracy after
     every epoch.
@@ -33,7 +33,7 @@ def train(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int = 5,
 
     model.to(device)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
-    loss_fn = nn.CrossEntropyLoss()
+    loss_fn = loss_fn or nn.CrossEntropyLoss()
     history = {"loss": [], "test_accuracy": []}
     steps = epochs * (len(y) // batch_size)
     bar = tqdm(total=steps, desc="training", disable=not progress, leave=True)
