@@ -2,7 +2,9 @@
 
 Everything here is predicted from a handful of numbers about a model and a cluster, and
 labelled so wherever it is shown. Framework-free: no torch, no tensorflow. Modules:
-``costs`` (layers and their seconds), ``engine`` (ranks' programs run on paper),
+``layers`` (one layer's numbers; linear, convolution, pooling, up-convolution, concat),
+``network`` (a model as layers and skip connections), ``convnets`` (a U-Net, an
+AmoebaNet-like network), ``costs`` (a layer pass's seconds), ``engine`` (ranks' programs run on paper),
 ``program`` (what the strategy functions share: the mesh, a stage's passes, schedules,
 every rank's step program), ``timelines`` (one function per strategy; ``servers``: lab
 06's; ``strategies``: by name), ``memory``, ``clusters`` (presets with their sources),
@@ -11,7 +13,11 @@ every rank's step program), ``timelines`` (one function per strategy; ``servers`
 
 Inputs
     ``Network``     a model as layers: ``Network.mlp(sizes, optimizer="sgd")``,
-                    ``Network.transformer(name, layers, hidden, heads, seq, vocab)``
+                    ``Network.transformer(name, layers, hidden, heads, seq, vocab)``,
+                    ``Network.unet(image, in_channels, classes, base, depth)``,
+                    ``Network.amoebanet(image, cells, filters, classes)``; skip
+                    connections recorded (``net.skips``), so a pipeline cut carries
+                    every tensor crossing it: ``net.cut_bytes(at, batch)``
     ``Cluster``     devices (memory, sustained FLOP/s and memory bandwidth, a fixed cost
                     per layer pass, the wake-up of a blocked rank on a busy CPU) and their
                     links (``Link``: alpha-beta), intra- and inter-node. Presets:
@@ -68,7 +74,9 @@ forms ``send_s``, ``all_reduce_s``, ``bubble``.
 from . import calibrate, clusters, published
 from .clusters import (a100_nvlink, gpu_presets, h100_infiniband, h100_nodes, h100_nvlink,
                        t4_pcie, v100_dgx2h)
-from .costs import Layer, Measured, Network, Roofline
+from .costs import Measured, Roofline
+from .layers import Gemm, Layer
+from .network import Network
 from .engine import Deadlock, PredictedTimeline
 from .memory import DoesNotFit, Memory, memory, memory_per_device, parameter_server_memory
 from .model import (AXES, Cluster, Link, Plan, Prediction, Workload, all_reduce_s, bubble,
@@ -79,7 +87,7 @@ from .timelines import (all_gather_s, data_parallel, hybrid, manual_split, pipel
                         single_device, tensor_parallel)
 
 __all__ = [
-    "AXES", "Cluster", "Deadlock", "DoesNotFit", "Layer", "Link", "Measured", "Memory",
+    "AXES", "Cluster", "Deadlock", "DoesNotFit", "Gemm", "Layer", "Link", "Measured", "Memory",
     "Network", "Plan", "PredictedTimeline", "Prediction", "Roofline", "STRATEGIES", "Workload",
     "a100_nvlink", "all_gather_s", "all_reduce_s", "bubble", "calibrate", "calibrated", "clusters",
     "data_parallel", "gpu_presets", "h100_infiniband", "h100_nodes", "h100_nvlink", "hybrid",

@@ -1,9 +1,6 @@
-"""What one layer costs: a network as a list of layers, and the seconds each pass takes.
+"""What one layer costs: the seconds each pass of a ``Network``'s layers takes.
 
-A :class:`Network` lists its layers with the few numbers the timelines need, per
-*sample* (a row of the batch, or one sequence): parameters, forward FLOPs, the elements
-of the activation handed to the next layer, the elements kept for the backward pass,
-and the bytes its element-wise work reads and writes.
+The network and its layers are ``sim.network`` and ``sim.layers`` (re-exported here).
 
 The seconds come from one of two sources, both answering ``forward_s(layer, batch,
 shard)``, ``backward_s(...)`` and ``update_s(params)``:
@@ -23,130 +20,11 @@ norms, dropout, residual adds that Megatron-LM repeats on every rank) do not.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from ..errors import counted
 from ..metrics import fit_line
-from .checks import amount, count
-
-
-# ------------------------------------------------------------------ the network
-@dataclass(frozen=True)
-class Layer:
-    """One layer (or block), per sample. ``flops``: its forward matrix products."""
-
-    name: str
-    params: int
-    flops: float
-    out_elems: float                 # the activation handed on (what a stage sends)
-    saved_elems: float               # kept for the backward pass
-    elementwise_bytes: float = 0.0   # read + written by element-wise work, split by tp
-    replicated_bytes: float = 0.0    # read + written by work every tp rank repeats
-    tp_all_reduces: int = 0          # a Megatron block: all-reduces of its output per pass
-                                     # (0: a plain linear layer, paired column-then-row)
-
-    def __post_init__(self):
-        owner = f"Layer {self.name!r}"
-        count(owner, "params", self.params, minimum=0)
-        count(owner, "tp_all_reduces", self.tp_all_reduces, minimum=0)
-        for name in ("flops", "out_elems", "saved_elems", "elementwise_bytes",
-                     "replicated_bytes"):
-            amount(owner, name, getattr(self, name))
-
-
-@dataclass(frozen=True)
-class Network:
-    """A model as a sequence of layers, and how many bytes its numbers take.
-
-    act_bytes: one activation element (4 float32, 2 fp16). state: bytes per parameter
-    on a device without ZeRO, split as {"params", "grads", "optimizer"}: plain SGD in
-    float32 is 4 + 4 + 0; Adam in mixed precision 2 + 2 + 12 (fp16 weights and
-    gradients; fp32 master weights, momentum and variance: Rajbhandari et al., ZeRO,
-    2020, section 3.1, "16 bytes per parameter"). grad_wire_bytes: a gradient as data
-    parallel sends it. update_bytes: bytes the optimizer step reads and writes per
-    parameter.
-    """
-
-    name: str
-    layers: tuple
-    in_elems: float
-    act_bytes: int = 4
-    state: dict = field(default_factory=lambda: {"params": 4, "grads": 4, "optimizer": 0})
-    grad_wire_bytes: int = 4
-    update_bytes: float = 12.0
-
-    def __post_init__(self):
-        owner = f"Network {self.name!r}"
-        if not self.layers or not all(isinstance(x, Layer) for x in self.layers):
-            raise ValueError(f"{owner}: layers must be a non-empty tuple of Layer, got "
-                             f"{self.layers!r}")
-        amount(owner, "in_elems", self.in_elems)
-        amount(owner, "act_bytes", self.act_bytes, unit="bytes", positive=True)
-        amount(owner, "grad_wire_bytes", self.grad_wire_bytes, unit="bytes")
-        amount(owner, "update_bytes", self.update_bytes, unit="bytes")
-        for part in ("params", "grads", "optimizer"):
-            amount(owner, f"state[{part!r}]", self.state.get(part), unit="bytes")
-
-    @property
-    def params(self) -> int:
-        return sum(layer.params for layer in self.layers)
-
-    def __len__(self) -> int:
-        return len(self.layers)
-
-    @classmethod
-    def mlp(cls, sizes, *, optimizer: str = "sgd", name: str | None = None) -> "Network":
-        """The course's MLP: Linear layers (each with its ReLU) in float32.
-
-        A Linear a -> b: a b + b parameters, 2 a b FLOPs forward per sample; it keeps
-        its input (and the ReLU its output) for the backward pass. optimizer: "sgd"
-        (4 + 4 bytes per parameter) or "adam" (+ 8 for the two moments, float32).
-        """
-        sizes = tuple(counted(s, "a layer width") for s in sizes)
-        if len(sizes) < 2:
-            raise ValueError(f"an MLP needs an input and an output width, got sizes={sizes}")
-        layers = tuple(
-            Layer(f"linear{k}", a * b + b, 2.0 * a * b, out_elems=b, saved_elems=a + b,
-                  elementwise_bytes=4.0 * 2 * b)            # ReLU: read and write b floats
-            for k, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])))
-        adam = {"sgd": False, "adam": True}.get(optimizer)
-        if adam is None:
-            raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
-        state = {"params": 4, "grads": 4, "optimizer": 8 if adam else 0}
-        return cls(name or f"MLP {'-'.join(map(str, sizes))}", layers, sizes[0], 4, state,
-                   grad_wire_bytes=4, update_bytes=28.0 if adam else 12.0)
-
-    @classmethod
-    def transformer(cls, name: str, layers: int, hidden: int, heads: int, seq: int,
-                    vocab: int = 0) -> "Network":
-        """A GPT-style decoder in mixed precision with Adam; a sample = one sequence.
-
-        Per block: 12 h^2 parameters; forward FLOPs 24 s h^2 (the four projections and
-        the MLP) + 4 s^2 h (scores and their use) (Narayanan et al., 2021, eq. 3, /3
-        for the forward alone); kept for backward s h (34 + 5 a s / h) bytes
-        (Korthikanti et al., 2022, eq. 1). Element-wise: softmax and dropout over a s^2
-        scores and GeLU over 4 s h split by tp; two layer norms, two dropouts and two
-        residual adds over s h repeated on every tp rank (what sequence parallelism
-        later removed). Under tensor parallelism a block all-reduces its s h output twice
-        forward and its input's gradient twice backward (Shoeybi et al., 2019, fig. 4).
-        The embedding (vocab h) is a layer of its own when vocab > 0.
-        """
-        s, h, a = seq, hidden, heads
-        block = Layer("block", 12 * h * h + 13 * h, 24.0 * s * h * h + 4.0 * s * s * h,
-                      out_elems=s * h, saved_elems=s * h * (34 + 5 * a * s / h) / 2,
-                      elementwise_bytes=2.0 * (3 * 2 * a * s * s + 2 * 4 * s * h),
-                      replicated_bytes=2.0 * (2 * 2 + 2 * 2 + 2 * 3) * s * h,
-                      tp_all_reduces=2)
-        body = tuple(Layer(f"block{k}", block.params, block.flops, block.out_elems,
-                           block.saved_elems, block.elementwise_bytes, block.replicated_bytes,
-                           block.tp_all_reduces)
-                     for k in range(counted(layers, "layers")))
-        if vocab:       # its matrix also gives the logits: 2 s h V FLOPs, sliced by vocab
-            head = Layer("embedding", vocab * h, 2.0 * s * h * vocab, out_elems=s * h,
-                         saved_elems=s * h, tp_all_reduces=1)
-            body = (head, *body)
-        return cls(name, body, s * h, 2, {"params": 2, "grads": 2, "optimizer": 12},
-                   grad_wire_bytes=2, update_bytes=32.0)
+from .layers import Gemm, Layer  # noqa: F401 (sim.costs.Layer, as before)
+from .network import Network
 
 
 # ------------------------------------------------------------------ where the seconds come from

@@ -226,8 +226,9 @@ def pipeline_op(kind, i, c, s, stage: Stage, mesh: Mesh, d, t, pp, chunks, mb, n
 
 
 def boundary_bytes(net: Network, at: int, batch: float) -> float:
-    """The activation crossing the cut before layer ``at`` (its gradient is as large)."""
-    return net.layers[at - 1].out_elems * batch * net.act_bytes
+    """What crosses the cut before layer ``at``: the activation handed on and every skip
+    tensor jumping over it (``Network.cut_bytes``; its gradient is as large)."""
+    return net.cut_bytes(at, batch)
 
 
 def data_parallel_ops(net, parts, mesh: Mesh, s, t, buckets, overlap, prog) -> list:

@@ -135,18 +135,21 @@ def data_parallel(net: Network, cluster: Cluster, batch: int, *, devices: int = 
 
 def hybrid(net: Network, cluster: Cluster, batch: int, *, dp: int = 2, tp: int = 1, pp: int = 1,
            micro_batches: int = 4, schedule: str = "1f1b", scheme: str = "column_row",
-           buckets=1, overlap: bool = False, steps: int = 1, costs=None) -> PredictedTimeline:
+           buckets=1, overlap: bool = False, bounds=None, steps: int = 1,
+           costs=None) -> PredictedTimeline:
     """Lab 07: data parallel over replicas that each split the model (dp × tp, dp × pp).
 
-    The replica runs tensor parallel or a pipeline; then its gradients are averaged over
-    the dp line, in one bucket after the backward (lab 07's ``bucket=True``)."""
+    The replica runs tensor parallel or a pipeline (cut at ``bounds``, default balanced);
+    then its gradients are averaged over the dp line, in one bucket after the backward
+    (lab 07's ``bucket=True``)."""
     batch, steps = counted(batch, "batch"), counted(steps, "steps")
     dp, tp, pp = counted(dp, "dp"), counted(tp, "tp"), counted(pp, "pp")
     m = counted(micro_batches, "micro_batches") if pp > 1 else 1
     costs = costs_for(net, cluster, costs)
     progs, mesh = programs(net, cluster, costs, batch, dp=dp, tp=tp, pp=pp, micro_batches=m,
                             schedule=schedule, scheme=scheme, buckets=buckets, overlap=overlap,
-                            steps=steps, phase_names=("F0", "B0") if pp > 1 and m == 1 else None)
+                            bounds=bounds, steps=steps,
+                            phase_names=("F0", "B0") if pp > 1 and m == 1 else None)
     shape = " × ".join(f"{a} {n}" for a, n in (("dp", dp), ("pp", pp), ("tp", tp)) if n > 1)
     return run_programs(progs, mesh, steps, notes_for(f"hybrid {shape or 'one device'}", net, cluster,
                                            costs), background=overlap and dp > 1)

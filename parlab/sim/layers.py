@@ -1,0 +1,185 @@
+"""One layer of a network as the cost model sees it, and builders for the common kinds.
+
+A :class:`Layer` holds, per *sample* (a row of the batch, an image, a sequence), the few
+numbers the timelines and the memory model need: parameters, forward FLOPs of its matrix
+products, the activation it hands on, what it keeps for the backward pass, and the bytes
+its element-wise work moves. ``gemms`` says which matrix products make up its FLOPs
+(:class:`Gemm`), so that a device model can price each by its shape
+(``sim.gemm.MatrixUnit``); ``sum(g.flops for g in gemms) == flops`` when given.
+
+Builders (FLOPs count a multiply-add as 2; "same" padding; per sample):
+
+* ``linear(a, b)``: a b + b parameters, 2 a b FLOPs; with its ReLU it keeps its input
+  and output (a + b elements).
+* ``conv2d(h, w, c_in, c_out, k, stride)``: k^2 c_in c_out + c_out parameters and
+  2 k^2 c_in c_out h' w' FLOPs for an output of h' x w' = h/stride x w/stride pixels
+  (e.g. Molchanov et al., 2017, "Pruning convolutional neural networks", eq. 6, without
+  the bias term); as an implicit matrix product M = h' w' pixels, N = c_out,
+  K = k^2 c_in that reads the c_in h w input once (cuDNN's implicit GEMM, Chetlur et al.,
+  2014, "cuDNN", section 3). Keeps its input (for the weights' gradient) and, with its
+  ReLU, its output.
+* ``max_pool(h, w, c, size)``: no parameters, no matrix work; keeps its input (to send the
+  gradient to the maximum); reads the input and writes a size^2 smaller output.
+* ``up_conv(h, w, c_in, c_out)``: U-Net's "up-convolution", a 2 x 2 transposed
+  convolution of stride 2 (Ronneberger, Fischer & Brox, 2015, section 2): 4 c_in c_out +
+  c_out parameters, 2 x 4 c_in c_out h w FLOPs (each input pixel fills a 2 x 2 patch),
+  output c_out x 2h x 2w; keeps its input.
+* ``concat(a, b)``: joins two activations (a skip connection and the layer before):
+  copies both, keeps nothing (its gradient is a split).
+* ``separable_conv(h, w, c_in, c_out, k, stride)``: depthwise k x k then pointwise 1 x 1
+  (Chollet, 2017): k^2 c_in + c_in c_out parameters; the depthwise part (2 k^2 c_in h' w'
+  FLOPs) is element-wise work on the memory bus, the pointwise part a matrix product.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .checks import amount, count
+
+SPLITS = ("n", "k", "count", None)
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One matrix product of a layer's forward pass, per sample: C (m x n) = A (m x k) B (k x n),
+    ``count`` times (attention heads).
+
+    weights: B is the layer's parameters, shared by the batch (the batch stacks its rows
+    into one product of m x batch rows); otherwise B is an activation too (attention's
+    keys and values) and each sample has products of its own. a_elems: the elements of A
+    actually read (0: m k; a convolution reads its input once, not k^2 times). split:
+    what tensor parallelism slices: "n" (column-parallel, output features), "k"
+    (row-parallel, input features), "count" (attention heads), None (repeated whole).
+    """
+
+    m: float
+    n: float
+    k: float
+    count: float = 1
+    weights: bool = True
+    a_elems: float = 0.0
+    split: str | None = "n"
+
+    def __post_init__(self):
+        for name in ("m", "n", "k", "count"):
+            amount("Gemm", name, getattr(self, name), positive=True)
+        amount("Gemm", "a_elems", self.a_elems)
+        if self.split not in SPLITS:
+            raise ValueError(f"Gemm: split must be one of {SPLITS}, got {self.split!r}")
+
+    @property
+    def flops(self) -> float:
+        """Forward FLOPs per sample: 2 m n k per product."""
+        return 2.0 * self.m * self.n * self.k * self.count
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer (or block), per sample. ``flops``: its forward matrix products.
+
+    saved_elems: kept for the backward pass and sliced by tensor parallelism;
+    saved_replicated_elems: kept whole by every tensor-parallel rank (layer norms'
+    inputs, dropout masks: what sequence parallelism divides); attention_elems: the part
+    of ``saved_elems`` that selective recomputation drops (attention's scores, softmax
+    and dropout, Korthikanti et al., 2022, section 5); attention_bytes: the part of
+    ``elementwise_bytes`` it recomputes.
+    """
+
+    name: str
+    params: int
+    flops: float
+    out_elems: float                 # the activation handed on (what a stage sends)
+    saved_elems: float               # kept for the backward pass (split by tp)
+    elementwise_bytes: float = 0.0   # read + written by element-wise work, split by tp
+    replicated_bytes: float = 0.0    # read + written by work every tp rank repeats
+    tp_all_reduces: int = 0          # a Megatron block: all-reduces of its output per pass
+                                     # (0: a plain linear layer, paired column-then-row)
+    gemms: tuple = ()                # its matrix products (Gemm), when known
+    saved_replicated_elems: float = 0.0
+    attention_elems: float = 0.0
+    attention_bytes: float = 0.0
+
+    def __post_init__(self):
+        owner = f"Layer {self.name!r}"
+        count(owner, "params", self.params, minimum=0)
+        count(owner, "tp_all_reduces", self.tp_all_reduces, minimum=0)
+        for name in ("flops", "out_elems", "saved_elems", "elementwise_bytes",
+                     "replicated_bytes", "saved_replicated_elems", "attention_elems",
+                     "attention_bytes"):
+            amount(owner, name, getattr(self, name))
+        if not all(isinstance(g, Gemm) for g in self.gemms):
+            raise ValueError(f"{owner}: gemms must be Gemm, got {self.gemms!r}")
+
+
+# ------------------------------------------------------------------ builders
+def linear(name: str, a: int, b: int, *, act_bytes: int = 4, relu: bool = True) -> Layer:
+    """A Linear a -> b (and its ReLU): see the module doc."""
+    return Layer(name, a * b + b, 2.0 * a * b, out_elems=b, saved_elems=a + b * relu,
+                 elementwise_bytes=act_bytes * 2.0 * b * relu, gemms=(Gemm(1, b, a),))
+
+
+def conv2d(name: str, h: int, w: int, c_in: int, c_out: int, k: int = 3, *, stride: int = 1,
+           relu: bool = True, act_bytes: int = 4) -> Layer:
+    """A k x k convolution with "same" padding (and its ReLU): see the module doc."""
+    ho, wo = _strided(h, stride), _strided(w, stride)
+    out = c_out * ho * wo
+    gemm = Gemm(ho * wo, c_out, k * k * c_in, a_elems=c_in * h * w)
+    return Layer(name, k * k * c_in * c_out + c_out, gemm.flops, out_elems=out,
+                 saved_elems=c_in * h * w + out * relu,
+                 elementwise_bytes=act_bytes * 2.0 * out * relu, gemms=(gemm,))
+
+
+def max_pool(name: str, h: int, w: int, c: int, size: int = 2, *, act_bytes: int = 4) -> Layer:
+    """Max pooling, size x size windows of stride size: see the module doc."""
+    out = c * _strided(h, size) * _strided(w, size)
+    return Layer(name, 0, 0.0, out_elems=out, saved_elems=c * h * w,
+                 elementwise_bytes=act_bytes * (c * h * w + out))
+
+
+def up_conv(name: str, h: int, w: int, c_in: int, c_out: int, *, act_bytes: int = 4) -> Layer:
+    """A 2 x 2 transposed convolution of stride 2: see the module doc."""
+    gemm = Gemm(h * w, 4 * c_out, c_in)
+    return Layer(name, 4 * c_in * c_out + c_out, gemm.flops, out_elems=c_out * 4 * h * w,
+                 saved_elems=c_in * h * w, gemms=(gemm,))
+
+
+def concat(name: str, a: float, b: float, *, act_bytes: int = 4) -> Layer:
+    """Two activations of a and b elements joined: see the module doc."""
+    return Layer(name, 0, 0.0, out_elems=a + b, saved_elems=0.0,
+                 elementwise_bytes=act_bytes * 2.0 * (a + b))
+
+
+def separable_conv(name: str, h: int, w: int, c_in: int, c_out: int, k: int = 3, *,
+                   stride: int = 1, act_bytes: int = 4) -> Layer:
+    """Depthwise k x k then pointwise 1 x 1 (with a ReLU before it): see the module doc."""
+    ho, wo = _strided(h, stride), _strided(w, stride)
+    mid, out = c_in * ho * wo, c_out * ho * wo
+    gemm = Gemm(ho * wo, c_out, c_in)
+    return Layer(name, k * k * c_in + c_in * c_out, gemm.flops, out_elems=out,
+                 saved_elems=c_in * h * w + mid + out,
+                 # the depthwise pass (k^2 FLOPs per element: bandwidth-bound) reads its
+                 # input and writes its output; the ReLU reads and writes the result
+                 elementwise_bytes=act_bytes * (c_in * h * w + mid + 2.0 * out),
+                 gemms=(gemm,))
+
+
+def optimizer_state(optimizer: str, act_bytes: int) -> tuple[dict, float]:
+    """(bytes per parameter {"params", "grads", "optimizer"}, update bytes per parameter).
+
+    float32 (act_bytes 4): SGD 4 + 4 + 0, Adam 4 + 4 + 8 (two moments). Mixed precision
+    (act_bytes 2): Adam 2 + 2 + 12 (fp32 master weights and moments, Rajbhandari et al.,
+    2020, section 3.1), SGD 2 + 2 + 4 (fp32 master weights)."""
+    adam = {"sgd": False, "adam": True}.get(optimizer)
+    if adam is None:
+        raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
+    if act_bytes == 4:
+        return {"params": 4, "grads": 4, "optimizer": 8 if adam else 0}, 28.0 if adam else 12.0
+    return ({"params": act_bytes, "grads": act_bytes, "optimizer": 12 if adam else 4},
+            32.0 if adam else 16.0)
+
+
+def _strided(size: int, stride: int) -> int:
+    size, stride = count("layer", "size", size), count("layer", "stride", stride)
+    if size % stride:
+        raise ValueError(f"a size of {size} does not divide by the stride {stride}")
+    return size // stride
