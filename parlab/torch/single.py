@@ -56,15 +56,16 @@ def train(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int = 5,
 
 
 def step_timeline(model: nn.Module, x: np.ndarray, y: np.ndarray, *, batch_size: int = 64,
-                  steps: int = 5, device="cpu", label: str = "cpu") -> Timeline:
-    """Measure ``steps`` training steps, each split into data, forward, backward, update.
+                  steps: int = 5, device="cpu", label: str = "cpu", loss_fn=None) -> Timeline:
+    """Measure ``steps`` training steps, each split into data, forward, backward, update
+    (Adam; cross-entropy or ``loss_fn``).
 
     On a GPU each phase ends with a synchronize, so its span holds its kernels rather than
     just their launch (CUDA events are used across ranks; one device needs no more).
     """
     model.to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    loss_fn = nn.CrossEntropyLoss()
+    loss_fn = loss_fn or nn.CrossEntropyLoss()
     batches = datasets.batches(x, y, batch_size, seed=0)
     with recording() as rec:
         for _ in range(steps + 1):            # the first step warms up and is dropped

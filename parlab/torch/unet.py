@@ -266,3 +266,18 @@ def measure_plans(rank: int, world_size: int, cfg: UNetConfig, plans) -> list[di
         out.append({"plan": plan, "dp": dp, "window": (t0, time.perf_counter()),
                     "result": result})
     return out
+
+
+def pipeline_at_cuts(rank: int, world_size: int, cfg: UNetConfig, cuts) -> list[dict]:
+    """Rank function: for each block index in ``cuts``, a 2-stage pipeline of the U-Net
+    cut there (``cfg.steps`` steps), one after the other on the same 2 ranks; the time
+    window of each (to count the bytes its cut sent) and its result."""
+    from dataclasses import replace
+    out = []
+    for cut in cuts:
+        comm.barrier(name="between cuts")
+        t0 = time.perf_counter()
+        result = train_pipeline(rank, world_size, replace(cfg, cuts=(cut,)))
+        comm.barrier(name="between cuts")
+        out.append({"cut": cut, "window": (t0, time.perf_counter()), "result": result})
+    return out
