@@ -292,25 +292,30 @@ def single_step_timelines(batches=(2, 4, 16), *, cfg: UNetConfig = CFG, steps: i
 MARKERS = {"dp": "forward", "pp": "F0", "dp_pp": "F0"}     # where each plan's step starts
 
 
+def axis_bytes(plan: str, run: dict, cfg: UNetConfig) -> dict:
+    """A plan's bytes per rank per step on each axis, traced and from the formula
+    (``lab10_choose.expected_bytes``): {"bytes": {rank: {axis: [traced, formula]}},
+    "unexpected_axes": axes that moved bytes no formula names}."""
+    from . import lab10_choose as choose
+    tl, ranks = run["timeline"], run["ranks"]
+    want = choose.expected_bytes(plan, cfg)
+    got = {r: {a: b / cfg.steps for a, b in tl.bytes_by_axis(r).items() if b} for r in ranks}
+    return {"bytes": {r: {a: [got[r].get(a, 0.0), float(want[r][a])] for a in want[r]}
+                      for r in ranks},
+            "unexpected_axes": sorted({a for r in ranks for a in got[r]} -
+                                      {a for r in ranks for a in want[r]})}
+
+
 def measured_rows(runs: dict, cfg: UNetConfig) -> dict:
     """Per plan of ``runs``: its median warm step (``steps.step_seconds``), the ranks'
-    share of it spent waiting for a core, and the bytes per rank per step on each axis,
-    traced and from the formula (``lab10_choose.expected_bytes``)."""
+    share of it spent waiting for a core, and its bytes per rank per step on each axis,
+    traced and from the formula (``axis_bytes``)."""
     from ..steps import step_seconds
-    from . import lab10_choose as choose
-    net = choose.network(cfg)
-    out = {}
-    for plan in (p for p in runs if p in PLAN_NAMES):
-        tl, ranks = runs[plan]["timeline"], runs[plan]["ranks"]
-        want = choose.expected_bytes(plan, cfg, net)
-        got = {r: {a: b / cfg.steps for a, b in tl.bytes_by_axis(r).items() if b} for r in ranks}
-        out[plan] = {"measured_s": step_seconds(tl, MARKERS[plan], skip=2),
-                     "core_wait": lessons.core_wait_share(tl, ranks),
-                     "bytes": {r: {a: [got[r].get(a, 0.0), float(want[r][a])] for a in want[r]}
-                               for r in ranks},
-                     "unexpected_axes": sorted({a for r in ranks for a in got[r]} -
-                                               {a for r in ranks for a in want[r]})}
-    return out
+    return {plan: {"measured_s": step_seconds(runs[plan]["timeline"], MARKERS[plan], skip=2),
+                   "core_wait": lessons.core_wait_share(runs[plan]["timeline"],
+                                                        runs[plan]["ranks"]),
+                   **axis_bytes(plan, runs[plan], cfg)}
+            for plan in runs if plan in PLAN_NAMES}
 
 
 def choice_numbers(rows: dict, choices: dict) -> dict:

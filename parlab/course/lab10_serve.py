@@ -52,14 +52,19 @@ def serve_in_fresh_process(model, images, *, cfg: UNetConfig = CFG, folder: str 
 
     Returns {"masks", "path", "said" (the process's own line), "pid"}.
     """
-    import subprocess
-    import sys
-    import tempfile
-
     from ..torch import serve
     os.makedirs(folder, exist_ok=True)
     path = serve.save(model, os.path.join(folder, "unet_shapes.pt"), base=cfg.base,
                       size=cfg.size)
+    return {"path": path, **subprocess_serve(path, images, timeout=timeout)}
+
+
+def subprocess_serve(path: str, images, *, timeout: float = 120.0) -> dict:
+    """Segment ``images`` with the model saved at ``path``, in a process of its own:
+    {"masks", "said", "pid"}; a RuntimeError with the process's error if it fails."""
+    import subprocess
+    import sys
+    import tempfile
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = os.path.join(tmp, "images.npy"), os.path.join(tmp, "masks.npy")
         np.save(src, np.asarray(images, dtype=np.float32))
@@ -71,7 +76,7 @@ def serve_in_fresh_process(model, images, *, cfg: UNetConfig = CFG, folder: str 
                                f"{done.stderr[-2000:]}")
         masks = np.load(dst)
     said = done.stdout.strip().splitlines()[-1]
-    return {"masks": masks, "path": path, "said": said, "pid": int(said.split()[1].rstrip(":"))}
+    return {"masks": masks, "said": said, "pid": int(said.split()[1].rstrip(":"))}
 
 
 def _package_root() -> str:
