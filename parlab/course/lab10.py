@@ -25,7 +25,8 @@ MIN_IOU = 0.5             # lesson 10.unet_learns_the_shapes: each shape's IoU a
 PLAN_NAMES = {"dp": "dp 4", "pp": "pp 2 (encoder | decoder)", "dp_pp": "dp 2 × pp 2"}
 
 
-def test_data(cfg: UNetConfig = CFG):
+def held_out_data(cfg: UNetConfig = CFG):
+    """Images and masks no training step sees (``parlab.data.shapes``, seed 1)."""
     from .. import data
     return data.shapes(TEST_IMAGES, cfg.size, seed=1)
 
@@ -52,12 +53,10 @@ def train_unet(epochs: int = EPOCHS, *, cfg: UNetConfig = CFG, progress: bool = 
     Returns {"model" (on the CPU), "history", "iou", "iou_before", "iou_background",
     "pixel_accuracy", "background_share", "epochs", "device"}.
     """
-    import torch
-
     from ..torch import serve, single, unet
     from .lab01 import one_device
     x, y = unet.training_data(cfg)
-    xt, yt = test_data(cfg)
+    xt, yt = held_out_data(cfg)
     with one_device() as device:
         model = unet.build(cfg).to(device)
         before = serve.segment(model.eval(), xt, device)
@@ -69,7 +68,7 @@ def train_unet(epochs: int = EPOCHS, *, cfg: UNetConfig = CFG, progress: bool = 
             "iou": iou_per_class(pred, yt), "iou_before": iou_per_class(before, yt),
             "iou_background": iou_per_class(np.zeros_like(yt), yt),
             "pixel_accuracy": float((pred == yt).mean()),
-            "background_share": float((yt == 0).mean()), "torch": torch.__version__}
+            "background_share": float((yt == 0).mean())}
 
 
 def learn_numbers(run: dict) -> dict:

@@ -152,7 +152,9 @@ def schedule(cfg: UNetConfig, micro_batches: int | None = None):
 # ------------------------------------------------------------------ rank functions
 def train_data_parallel(rank: int, world_size: int, cfg: UNetConfig, *, group=None) -> dict:
     """Rank function: a whole U-Net on this replica's rows of every global batch; the
-    gradients averaged over the group in one all-reduce (one bucket) before the update."""
+    gradients averaged over the group in one all-reduce (one bucket) before the update.
+    Its losses are its rows' (the loss is a mean over pixels): the replicas' mean is the
+    whole batch's."""
     exact_float32()
     g, device = as_group(group), runtime.rank_device()
     model = build(cfg).to(device)
@@ -177,7 +179,6 @@ def train_data_parallel(rank: int, world_size: int, cfg: UNetConfig, *, group=No
         runtime.synchronize()
         out["step_s"].append(time.perf_counter() - t0)
         out["losses"].append(value.item())
-    # every replica's loss is on its rows: their mean is the whole batch's
     out["state"] = training.state_numpy(model)
     return out
 
