@@ -207,3 +207,16 @@ def test_the_cost_model_prefers_data_parallel_here_and_explains():
     text = choose.reasons(choices["dp_pp"], CFG, net)
     assert "micro-batches of 2 images" in text and "8 messages at the cut, 918 kB" in text
     assert all(c.fits for c in choices.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: torch.cuda.is_available() is False")
+def test_the_plans_on_ranks_sharing_one_gpu_train_like_one_device():
+    """The same plans with the ranks computing on the GPU (messages through host memory),
+    against one device on the CPU: convolutions in float32 (no TF32), other kernels and
+    summation orders, so a looser tolerance."""
+    runs = lab10.run_plans(cfg=CFG, devices=parlab.devices(4, mode="shared-gpu"),
+                           pin_cores=False)
+    for plan, e in lab10.equivalence(runs, unet.train_single(CFG)).items():
+        assert e["loss"] < 1e-4 and e["grads"] < 1e-4 and e["replicas_identical"], (plan, e)
+        assert lab10.axis_bytes(plan, runs[plan], CFG)["unexpected_axes"] == []
