@@ -205,7 +205,7 @@ def test_the_cost_model_prefers_data_parallel_here_and_explains():
     choices = choose.predict(cal, CFG)
     assert choose.pick(choices) == "dp" and choices["pp"].devices_used == 2
     text = choose.reasons(choices["dp_pp"], CFG, net)
-    assert "micro-batches of 2 images" in text and "8 messages at the cut, 918 kB" in text
+    assert "micro-batches of 2 images" in text and "back for each of 4 micro-batches, 918 kB in all" in text
     assert all(c.fits for c in choices.values())
 
 

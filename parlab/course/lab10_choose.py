@@ -178,8 +178,9 @@ def reasons(choice: Choice, cfg: UNetConfig, net) -> str:
         said.append(f"one all-reduce of {moved['dp'] / 1e3:,.0f} kB of gradients "
                     f"({_ms(p['dp'])})")
     if pp > 1:
-        said.append(f"{2 * m} messages at the cut, {moved['pp'] / 1e3:,.0f} kB in all "
-                    f"({_ms(p['pp'])}), idle or waiting {_ms(p['bubble'])} (the bubble: "
+        said.append(f"the cut's tensors forward and back for each of {m} micro-batches, "
+                    f"{moved['pp'] / 1e3:,.0f} kB in all ({_ms(p['pp'])}), idle or waiting "
+                    f"{_ms(p['bubble'])} (the bubble: "
                     f"(p - 1)/(m + p - 1) = {(pp - 1) / (m + pp - 1):.0%} of the slots)")
     share = (f"{cfg.global_batch // dp} images per replica" if pp == 1 else
              f"micro-batches of {cfg.global_batch // dp // m} images")
