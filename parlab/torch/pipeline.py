@@ -106,6 +106,20 @@ def _message(op: str, name: str) -> str:
     return f"{op} {name}" if name else op
 
 
+def _send_each(tensors, names, dst: int, g, what: str) -> list:
+    """Start sending each tensor (tag k for the k-th) to ``dst``, traced under its name
+    ("isend e1", "isend grad e1"); returns (work, buffer) pairs: a buffer must stay
+    alive until its send is waited for (a tensor not laid out contiguously, as a
+    convolution's output can be, travels as a contiguous copy)."""
+    out = []
+    for k, (t, name) in enumerate(zip(tensors, names)):
+        buffer = t.detach().contiguous()
+        label = f"{what} {name}".strip() if name else ""     # a lone activation: "isend"
+        out.append((comm.isend(buffer, dst, group=g, tag=k, name=_message("isend", label)),
+                    buffer))
+    return out
+
+
 def run_stage(stage: Stage, micro_batches: int, ops, batches, *, steps: int,
               optimizer: str = "sgd", lr: float = 0.1, loss_fn=None, group=None,
               before_update=None) -> dict:
@@ -151,9 +165,7 @@ def run_stage(stage: Stage, micro_batches: int, ops, batches, *, steps: int,
                     if g.last:
                         y_out = (loss_fn(y_out[0], ys[i]) / micro_batches,)
                 if not g.last:
-                    for k, (t, name) in enumerate(zip(y_out, stage.sent_names(y_out))):
-                        sends.append(comm.isend(t.detach().contiguous(), g.next, group=g, tag=k,
-                                                name=_message("isend", name)))
+                    sends += _send_each(y_out, stage.sent_names(y_out), g.next, g, "")
                 inputs[i], outputs[i], saved_bytes[i] = x_in, y_out, counter.bytes
                 live += 1
                 live_bytes += counter.bytes
@@ -169,13 +181,13 @@ def run_stage(stage: Stage, micro_batches: int, ops, batches, *, steps: int,
                 if g.last:
                     step_loss += outputs[i][0].item()
                 if not g.first:
-                    for k, (t, name) in enumerate(zip(inputs[i], stage.names())):
-                        sends.append(comm.isend(t.grad.contiguous(), g.prev, group=g, tag=k, name=_message(
-                            "isend", f"grad {name}" if name else "")))
+                    sends += _send_each([t.grad for t in inputs[i]], stage.names(), g.prev, g,
+                                        "grad")
                 del outputs[i]
                 live -= 1
                 live_bytes -= saved_bytes.pop(i)
-        comm.wait_all(sends)  # the tensors sent must stay alive until delivered
+        comm.wait_all([work for work, _ in sends])  # what was sent lives until delivered
+        sends.clear()
         inputs.clear()
         if before_update is not None:
             before_update(part)
