@@ -93,3 +93,58 @@ class SplitConfig:
             raise ValueError(f"model must be 'mlp', 'cnn' or 'conv_stack', got {self.model!r}")
         if self.batch_size < 1 or self.steps < 1:
             raise ValueError("batch_size and steps must be at least 1")
+
+
+# ------------------------------------------------------------------ models with skip connections
+def crossing(blocks, cut: int) -> list[str]:
+    """The tensors that cross a cut before block ``cut`` of a chain of blocks.
+
+    blocks: (output, inputs, ...) per block, in the order they run (``UNet.BLOCKS``);
+    the first block's inputs are the model's input. A tensor crosses when it is made
+    before the cut and read at or after it: in a layer stack only the last activation,
+    in a U-Net also every skip connection whose decoder block lies beyond the cut.
+    In the order they were made.
+    """
+    if not 0 < cut < len(blocks):
+        raise ValueError(f"a cut lies between two blocks: 1 .. {len(blocks) - 1} for "
+                         f"{len(blocks)} blocks, got {cut}")
+    made = [*blocks[0][1], *(b[0] for b in blocks[:cut])]
+    read = {name for b in blocks[cut:] for name in b[1]}
+    return [name for name in made if name in read]
+
+
+@dataclass(frozen=True)
+class UNetConfig:
+    """One U-Net training run on the course's shapes (lab 10): the model, its data, its
+    step, and where a pipeline cuts it (the same settings on one device and on many)."""
+
+    base: int = 8                    # channels at the top level (see models.unet)
+    size: int = 32                   # image side in pixels (a multiple of 4: two poolings)
+    images: int = 192                # training images (parlab.data.shapes, seed 0)
+    global_batch: int = 16
+    steps: int = 8
+    lr: float = 3e-3
+    optimizer: str = "adam"          # "adam" or "sgd"
+    seed: int = 0
+    micro_batches: int = 4           # per replica, in a pipeline
+    cuts: tuple = (3,)               # block indices where pipeline stages meet (3: encoder | decoder)
+    schedule: str = "1f1b"
+
+    def __post_init__(self):
+        for name in ("base", "size", "images", "global_batch", "steps", "micro_batches"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"UNetConfig: {name} must be a whole number >= 1, got {value!r}")
+        if self.size % 4:
+            raise ValueError(f"UNetConfig: the U-Net pools twice, so size must be a multiple "
+                             f"of 4, got {self.size}")
+        if self.optimizer not in ("adam", "sgd"):
+            raise ValueError(f"UNetConfig: optimizer must be 'adam' or 'sgd', got "
+                             f"{self.optimizer!r}")
+        if list(self.cuts) != sorted(set(self.cuts)) or not all(0 < c < 6 for c in self.cuts):
+            raise ValueError(f"UNetConfig: cuts must rise strictly inside 1 .. 5 (the U-Net "
+                             f"has 6 blocks), got {self.cuts!r}")
+
+    @property
+    def stages(self) -> int:
+        return len(self.cuts) + 1

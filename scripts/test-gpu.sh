@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU test run (make test-gpu). Without a CUDA GPU it prints one line and exits 0.
 #
-# With one: the pytest tests marked gpu (tests/test_gpu.py), then nbval over every lab
+# With one: the pytest tests marked gpu (tests/test_gpu.py, lab 10's U-Net plans), then nbval over every lab
 # twice: as the labs choose by default (mode "auto": a lab asking for more devices than
 # there are GPUs simulates them on the CPU), and with PARLAB_DEVICES=shared-gpu (every
 # rank on the GPU, messages through host memory). TensorFlow cells are skipped where
@@ -77,7 +77,7 @@ run() {  # run NAME COMMAND...: run, note the result in the report
 : > "$REPORT.log"
 PYTEST=("$PYTHON" -m pytest -p no:cacheprovider -rs)
 NBVAL=(-p nbval_tensorflow_cells --nbval-lax --nbval-current-env --nbval-cell-timeout=600)
-run "gpu tests" "${PYTEST[@]}" -m gpu tests/test_gpu.py
+run "gpu tests" "${PYTEST[@]}" -m gpu tests/test_gpu.py tests/test_unet_strategies.py
 run "labs, mode auto" "${PYTEST[@]}" "${NBVAL[@]}" labs
 run "labs, PARLAB_DEVICES=shared-gpu" env PARLAB_DEVICES=shared-gpu "${PYTEST[@]}" "${NBVAL[@]}" labs
 echo "full output: $REPORT.log" | tee -a "$REPORT"

@@ -60,7 +60,7 @@ def sweep_sizes(device) -> tuple:
 
 
 @contextlib.contextmanager
-def _one_device():
+def one_device():
     """The notebook's device: "cuda:0" on a GPU machine, else the CPU on one thread (a
     simulated device is one core, as the notebook's first cell sets)."""
     import torch
@@ -92,7 +92,7 @@ def _mlp_experiment() -> dict:
     from ..torch import models, single
     x_train, y_train = data.digits("train")
     x_test, y_test = data.digits("test")
-    with _one_device() as device:        # the notebook's training cell, without the bar
+    with one_device() as device:        # the notebook's training cell, without the bar
         torch.manual_seed(0)
         history = single.train(models.mlp((64, 256, 256, 128, 10)), x_train, y_train, epochs=8,
                                batch_size=64, lr=1e-3, x_test=x_test, y_test=y_test,
@@ -139,7 +139,7 @@ def throughput_numbers(rows: list, core_wait: float = 0.0, device: str = "cpu") 
 
 
 def _throughput_experiment() -> dict:
-    with _one_device() as device:
+    with one_device() as device:
         rows, core_wait = throughput_sweep(device)
     return throughput_numbers(rows, core_wait, device)
 
@@ -238,7 +238,7 @@ def other_models_numbers(runs: dict) -> dict:
 
 
 def _other_models_experiment() -> dict:
-    with _one_device() as device:
+    with one_device() as device:
         return other_models_numbers(train_other_models(device))
 
 

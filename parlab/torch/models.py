@@ -79,7 +79,21 @@ def _block(a: int, b: int) -> nn.Sequential:
 
 class UNet(nn.Module):
     """A two-level U-Net (Ronneberger et al., 2015): encoder, bottleneck, decoder with
-    skip connections; ``base`` channels at the top level."""
+    skip connections; ``base`` channels at the top level.
+
+    The forward pass is a chain of blocks, each making one named tensor from earlier
+    ones (``BLOCKS``: output, inputs, the submodules it uses). The decoder's blocks read
+    the encoder's outputs again (the skip connections e1 and e2), so a cut between two
+    blocks is crossed by every tensor made before it and read after it
+    (``parlab.split.crossing``), not by one activation as in a layer stack.
+    """
+
+    BLOCKS = (("e1", ("x",), ("enc1",)),
+              ("e2", ("e1",), ("enc2",)),
+              ("b", ("e2",), ("bottom",)),
+              ("d2", ("b", "e2"), ("up2", "dec2")),
+              ("d1", ("d2", "e1"), ("up1", "dec1")),
+              ("logits", ("d1",), ("head",)))
 
     def __init__(self, base: int = 8, inputs: int = 1, classes: int = 3):
         super().__init__()
@@ -92,12 +106,30 @@ class UNet(nn.Module):
         self.head = nn.Conv2d(base, classes, 1)
 
     def forward(self, x):
-        e1 = self.enc1(x)
-        e2 = self.enc2(nn.functional.max_pool2d(e1, 2))
-        b = self.bottom(nn.functional.max_pool2d(e2, 2))
-        d2 = self.dec2(torch.cat([self.up2(b), e2], dim=1))
-        d1 = self.dec1(torch.cat([self.up1(d2), e1], dim=1))
-        return self.head(d1)
+        return run_blocks(self, 0, len(self.BLOCKS), {"x": x})["logits"]
+
+
+def run_blocks(owner: nn.Module, first: int, last: int, tensors: dict) -> dict:
+    """Run ``UNet.BLOCKS[first:last]`` with the submodules of ``owner`` (the whole U-Net,
+    or a pipeline stage holding only its blocks' submodules) on the named ``tensors``;
+    return them with every block's output added."""
+    pool = nn.functional.max_pool2d
+    for out, ins, _ in UNet.BLOCKS[first:last]:
+        a = [tensors[name] for name in ins]
+        if out == "e1":
+            y = owner.enc1(a[0])
+        elif out == "e2":
+            y = owner.enc2(pool(a[0], 2))
+        elif out == "b":
+            y = owner.bottom(pool(a[0], 2))
+        elif out == "d2":                  # upsample, then the skip e2 joins as channels
+            y = owner.dec2(torch.cat([owner.up2(a[0]), a[1]], dim=1))
+        elif out == "d1":
+            y = owner.dec1(torch.cat([owner.up1(a[0]), a[1]], dim=1))
+        else:
+            y = owner.head(a[0])
+        tensors[out] = y
+    return tensors
 
 
 def unet(base: int = 8) -> UNet:

@@ -6,7 +6,7 @@ waiting for a neighbour to receive while that neighbour waits to send to it.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -49,12 +49,11 @@ def prepare(cfg: SplitConfig, stages: int, micro_batches: int, schedule="1f1b"):
 # ------------------------------------------------------------------ the executor
 def train_pipeline(rank: int, world_size: int, cfg: SplitConfig, micro_batches: int, ops,
                    *, group=None, batches=None, before_update=None) -> dict:
-    """Rank function: one stage runs its list of F/B operations for every step.
+    """Rank function: one stage of the course's layer stack runs its list of F/B
+    operations for every step (``run_stage``).
 
-    Stage i is the group's i-th rank (default group: all ranks). The loss of micro-batch
-    j is divided by m, so the accumulated gradients equal those of the whole batch; the
-    optimizer steps once per batch, after every backward (a "flush"), exactly like the
-    single-device reference.
+    Stage i is the group's i-th rank (default group: all ranks), holding modules
+    ``cfg.bounds`` cut out of the model; one activation crosses each cut.
 
     Hooks for a pipeline that is one replica of a hybrid (lab 07, ``parlab.torch.hybrid``):
     batches: the (x, y) numpy batches this pipeline trains on, of ``cfg.batch_size`` rows
@@ -63,7 +62,6 @@ def train_pipeline(rank: int, world_size: int, cfg: SplitConfig, micro_batches: 
         before the optimizer step; a replica averages its gradients over data parallel.
     """
     g = as_group(group)
-    stage, device = g.index, runtime.rank_device()
     model = split.build(cfg)
     edges = [0, *cfg.bounds, len(model)]
     if len(edges) - 1 != g.size:
@@ -71,15 +69,77 @@ def train_pipeline(rank: int, world_size: int, cfg: SplitConfig, micro_batches: 
                          f"group has {g.size} ranks: prepare it with stages={g.size}")
     shape = split.input_shape(cfg)
     shapes = training.boundary_shapes(model, (shape[0] // micro_batches, *shape[1:]))
-    part = model[edges[stage]:edges[stage + 1]].to(device)
+    part = model[edges[g.index]:edges[g.index + 1]]
     del model
-    params = list(part.parameters())
-    opt = training.make_optimizer(cfg.optimizer, params, cfg.lr) if params else None
-    loss_fn = nn.CrossEntropyLoss()
+    stage = Stage(part, receives=() if g.first else (("", shapes[edges[g.index]]),))
     if batches is None:
         batches = training.digit_batches(cfg.model, cfg.batch_size)
+    return run_stage(stage, micro_batches, ops, batches, steps=cfg.steps,
+                     optimizer=cfg.optimizer, lr=cfg.lr, group=g, before_update=before_update)
+
+
+@dataclass
+class Stage:
+    """What one pipeline stage computes, as ``run_stage`` sees it.
+
+    module: the stage's layers: ``module(*inputs)`` gives its outputs (one tensor, or a
+        tuple: what it sends on; on the last stage, the logits).
+    receives: (name, shape of one micro-batch) of each tensor the stage receives from
+        the previous one, in the order the previous stage sends them; () on the first
+        stage, which reads the batch. A name ("" for a lone activation) goes into the
+        traced spans' names: a U-Net's cut carries its skip connections too.
+    sends: the names of its outputs, in order (a U-Net stage's), or () for one.
+    """
+
+    module: nn.Module
+    receives: tuple = ()
+    sends: tuple = ()           # names of the tensors it sends on (default: one, unnamed)
+
+    def names(self) -> list[str]:
+        return [name for name, _ in self.receives]
+
+    def sent_names(self, outputs) -> list[str]:
+        return list(self.sends) or [""] * len(outputs)
+
+
+def _message(op: str, name: str) -> str:
+    return f"{op} {name}" if name else op
+
+
+def _send_each(tensors, names, dst: int, g, what: str) -> list:
+    """Start sending each tensor (tag k for the k-th) to ``dst``, traced under its name
+    ("isend e1", "isend grad e1"); returns (work, buffer) pairs: a buffer must stay
+    alive until its send is waited for (a tensor not laid out contiguously, as a
+    convolution's output can be, travels as a contiguous copy)."""
+    out = []
+    for k, (t, name) in enumerate(zip(tensors, names)):
+        buffer = t.detach().contiguous()
+        label = f"{what} {name}".strip() if name else ""     # a lone activation: "isend"
+        out.append((comm.isend(buffer, dst, group=g, tag=k, name=_message("isend", label)),
+                    buffer))
+    return out
+
+
+def run_stage(stage: Stage, micro_batches: int, ops, batches, *, steps: int,
+              optimizer: str = "sgd", lr: float = 0.1, loss_fn=None, group=None,
+              before_update=None) -> dict:
+    """Rank function's core: this rank's stage runs its list of F/B operations per step.
+
+    Every tensor crossing a cut travels with a traced send (non-blocking) and receive,
+    one message per tensor (tag k for the k-th), and its gradient travels back the same
+    way. The loss of micro-batch j is divided by m, so the accumulated gradients equal
+    those of the whole batch; the optimizer steps once per batch, after every backward
+    (a "flush"), exactly like the single-device reference. loss_fn: the last stage's
+    loss of (logits, labels), a mean over the micro-batch (default: cross-entropy).
+    """
+    g = as_group(group)
+    device = runtime.rank_device()
+    part = stage.module.to(device)
+    params = list(part.parameters())
+    opt = training.make_optimizer(optimizer, params, lr) if params else None
+    loss_fn = loss_fn or nn.CrossEntropyLoss()
     out = {"losses": [], "peak_micro_batches": 0, "peak_activation_bytes": 0}
-    for step in range(cfg.steps):
+    for step in range(steps):
         xb, yb = next(batches)
         x, y = training.on_device(xb, yb, device)
         xs, ys = x.chunk(micro_batches), y.chunk(micro_batches)
@@ -88,39 +148,46 @@ def train_pipeline(rank: int, world_size: int, cfg: SplitConfig, micro_batches: 
         live_bytes = 0
         if opt:
             opt.zero_grad()
-        for kind, i in ops[stage]:
+        for kind, i in ops[g.index]:
             if kind == "F":
                 if g.first:
-                    x_in = xs[i]
+                    x_in = (xs[i],)
                 else:
-                    x_in = comm.recv(torch.empty(shapes[edges[stage]], device=device),
-                                     src=g.prev, group=g)
-                    x_in.requires_grad_(True)
+                    x_in = tuple(comm.recv(torch.empty(shape, device=device), src=g.prev,
+                                           group=g, tag=k, name=_message("recv", name))
+                                 for k, (name, shape) in enumerate(stage.receives))
+                    for t in x_in:
+                        t.requires_grad_(True)
                 counter = memory.saved_tensor_counter(part)
                 with span(f"F{i}"), counter:
-                    y_out = part(x_in)
+                    y_out = part(*x_in)
+                    y_out = y_out if isinstance(y_out, tuple) else (y_out,)
                     if g.last:
-                        y_out = loss_fn(y_out, ys[i]) / micro_batches
+                        y_out = (loss_fn(y_out[0], ys[i]) / micro_batches,)
                 if not g.last:
-                    sends.append(comm.isend(y_out.detach(), g.next, group=g))
+                    sends += _send_each(y_out, stage.sent_names(y_out), g.next, g, "")
                 inputs[i], outputs[i], saved_bytes[i] = x_in, y_out, counter.bytes
                 live += 1
                 live_bytes += counter.bytes
                 out["peak_micro_batches"] = max(out["peak_micro_batches"], int(live))
                 out["peak_activation_bytes"] = max(out["peak_activation_bytes"], live_bytes)
             else:
-                grad = None if g.last else comm.recv(torch.empty_like(outputs[i]), src=g.next,
-                                                     group=g)
+                grads = None if g.last else tuple(
+                    comm.recv(torch.empty(t.shape, device=device), src=g.next, group=g, tag=k,
+                              name=_message("recv", f"grad {name}" if name else ""))
+                    for k, (t, name) in enumerate(zip(outputs[i], stage.sent_names(outputs[i]))))
                 with span(f"B{i}"):
-                    outputs[i].backward(grad)
+                    torch.autograd.backward(outputs[i], grads)
                 if g.last:
-                    step_loss += outputs[i].item()
+                    step_loss += outputs[i][0].item()
                 if not g.first:
-                    sends.append(comm.isend(inputs[i].grad, g.prev, group=g))
+                    sends += _send_each([t.grad for t in inputs[i]], stage.names(), g.prev, g,
+                                        "grad")
                 del outputs[i]
                 live -= 1
                 live_bytes -= saved_bytes.pop(i)
-        comm.wait_all(sends)  # the tensors sent must stay alive until delivered
+        comm.wait_all([work for work, _ in sends])  # what was sent lives until delivered
+        sends.clear()
         inputs.clear()
         if before_update is not None:
             before_update(part)

@@ -23,8 +23,8 @@ def accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray, device="cpu") -> fl
 
 def train(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int = 5,
           batch_size: int = 64, lr: float = 1e-3, device="cpu", progress: bool = True,
-          seed: int = 0, x_test=None, y_test=None) -> dict:
-    """A plain training loop (Adam, cross-entropy) with a progress bar.
+          seed: int = 0, x_test=None, y_test=None, loss_fn=None) -> dict:
+    """A plain training loop (Adam, cross-entropy or ``loss_fn``) with a progress bar.
 
     Returns the loss of every step and, if test data is given, the test accuracy after
     every epoch.
@@ -33,7 +33,7 @@ def train(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int = 5,
 
     model.to(device)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
-    loss_fn = nn.CrossEntropyLoss()
+    loss_fn = loss_fn or nn.CrossEntropyLoss()
     history = {"loss": [], "test_accuracy": []}
     steps = epochs * (len(y) // batch_size)
     bar = tqdm(total=steps, desc="training", disable=not progress, leave=True)
@@ -56,8 +56,9 @@ def train(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int = 5,
 
 
 def step_timeline(model: nn.Module, x: np.ndarray, y: np.ndarray, *, batch_size: int = 64,
-                  steps: int = 5, device="cpu", label: str = "cpu") -> Timeline:
-    """Measure ``steps`` training steps, each split into data, forward, backward, update.
+                  steps: int = 5, device="cpu", label: str = "cpu", loss_fn=None) -> Timeline:
+    """Measure ``steps`` training steps, each split into data, forward, backward, update
+    (Adam; cross-entropy or ``loss_fn``).
 
     On a GPU the spans are timed with CUDA events on the stream (``CudaEventTimer``): each
     marks when the GPU reached that point, so a span holds its kernels, not their launch,
@@ -68,7 +69,7 @@ def step_timeline(model: nn.Module, x: np.ndarray, y: np.ndarray, *, batch_size:
     from .runtime import CudaEventTimer
     model.to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    loss_fn = nn.CrossEntropyLoss()
+    loss_fn = loss_fn or nn.CrossEntropyLoss()
     batches = datasets.batches(x, y, batch_size, seed=0)
     on_gpu = torch.device(device).type == "cuda"
     timer = CudaEventTimer(torch.device(device)) if on_gpu else None
