@@ -59,7 +59,16 @@ def deadlock_numbers(out: reports.Outcome) -> dict:
             "elsewhere": {r: text for r, text in stuck.items() if r not in where}}
 
 
+def warm_up() -> None:
+    """One quick launch, as the notebook's first cells make: the fork server the ranks
+    start from is started by the first launch of a process (1-3 s), which must not eat a
+    hang's timeout."""
+    from ..launcher import launch
+    launch(programs.swap_collective, 2, timeout=FAIL_TIMEOUT)
+
+
 def _deadlock_experiment() -> dict:
+    warm_up()
     return deadlock_numbers(provoke("deadlock", programs.swap, timeout=HANG_TIMEOUT))
 
 
