@@ -74,7 +74,7 @@ def test_an_unfilled_ring_falls_back(capsys):
 
 
 @pytest.mark.slow
-def test_a_ring_that_still_deadlocks_is_told_where_every_rank_waits(capsys):
+def test_a_ring_that_still_deadlocks_is_told_where_every_rank_waits(capsys, no_leftover_ranks):
     lab09.warm_up()
     assert lab09.check_ring_shift(programs.ring_shift_blocking) is programs.ring_shift
     out = capsys.readouterr().out
@@ -119,6 +119,17 @@ def test_a_schedule_fixed_by_dropping_it_is_told_that_it_changed_the_result(caps
     out = capsys.readouterr().out
     assert out.startswith("[schedule] fixed, but changed the result: the replicas agree")
     assert "The learning rate ended at 0.4; the schedule (halve every 4 steps) gives 0.05" in out
+
+
+def schedule_that_raises(rank, world_size, steps=12):
+    raise ValueError(f"shard {rank} is empty")
+
+
+def test_a_schedule_that_fails_is_told_which_rank_and_why(capsys, no_leftover_ranks):
+    assert lab09.check_schedule(schedule_that_raises) is programs.scheduled
+    out = capsys.readouterr().out
+    assert out.startswith("[schedule] fails on 2 ranks:\n")
+    assert "ValueError: shard" in out and "The lab goes on with the reference." in out
 
 
 def test_an_unfilled_schedule_falls_back(capsys):

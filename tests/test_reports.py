@@ -117,7 +117,7 @@ def test_provoke_keeps_what_ranks_print_in_the_file_not_in_the_output(tmp_path, 
 
 
 @pytest.mark.slow
-def test_provoke_locates_a_real_deadlock(tmp_path):
+def test_provoke_locates_a_real_deadlock(tmp_path, no_leftover_ranks):
     from parlab.course import lab09
     lab09.warm_up()          # the first launch of a process starts the fork server
     out = reports.provoke("deadlock", programs.swap, 2, timeout=programs.HANG_TIMEOUT,
@@ -125,3 +125,17 @@ def test_provoke_locates_a_real_deadlock(tmp_path):
     assert out.ended == "hung"
     assert {r: (w.line, w.call) for r, w in out.where().items()} == {0: (7, "send"), 1: (7, "send")}
     assert out.seconds < programs.HANG_TIMEOUT + 3
+
+
+@pytest.mark.slow
+def test_a_frozen_tensorflow_worker_is_reported_by_its_collective_s_timeout(tmp_path, monkeypatch,
+                                                                            no_leftover_ranks):
+    pytest.importorskip("tensorflow")
+    from parlab.course import lab09
+    monkeypatch.setattr(lab09, "FOLDER", str(tmp_path))
+    out = lab09.run_tf_frozen_worker()
+    assert out.ended == "failed" and out.error.rank == 0
+    assert out.error.summary.startswith("DeadlineExceededError")
+    text = "\n".join(out.lines())
+    assert "Collective has timed out during execution." in text
+    assert "rank 0 was in step() at line 27: step()" in text
