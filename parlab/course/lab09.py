@@ -8,13 +8,14 @@ bounded timeout (``reports.provoke``), shows the trimmed report, and runs the fi
 from __future__ import annotations
 
 import re
+
 from . import lab09_programs as programs
 from . import lessons, reports
 from .exercise import check, register, run_on_ranks, whose  # noqa: F401 (labNN.check)
 from .lab09_exercises import check_ring_shift, check_schedule  # noqa: F401 (lab09.check_...)
+from .lab09_programs import FAIL_TIMEOUT, FOLDER, HANG_TIMEOUT  # noqa: F401 (lab09.HANG_TIMEOUT)
 from .reports import listing  # noqa: F401 (lab09.listing)
 
-from .lab09_programs import FAIL_TIMEOUT, FOLDER, HANG_TIMEOUT  # noqa: F401 (lab09.HANG_TIMEOUT)
 _SECONDS: dict[str, float] = {}     # name -> seconds of this session's latest run
 
 
@@ -85,7 +86,7 @@ def deadlock_named_at_the_sends(m: dict):
     if m["ended"] != "hung":
         why = f"the launch {m['ended']} after {m['seconds']:.1f} s instead of hanging"
     else:
-        off = {r: t for r, t in m["elsewhere"].items()}
+        off = dict(m["elsewhere"])
         off.update({r: f"at line {w['line']}" for r, w in stuck.items() if r not in at_send})
         why = "; ".join(f"rank {r} was {t}" for r, t in sorted(off.items()))
     return m["ended"] == "hung" and len(at_send) == m["world_size"], figures, why
@@ -239,20 +240,21 @@ def nan_traced_to_its_rank(m: dict):
                f"NaN losses: {losses} ({planted})")
     spread = all(s is not None and s <= p["step"] + 1 for s in nan.values())
     shown = f["rank"] == p["rank"] and f["step"] == p["step"] and f["tensor"] == "batch" and spread
-    return shown, figures, "the NaN did not reach every rank within a step" if not spread else \
-        "found elsewhere"
+    why = "found elsewhere" if spread else "the NaN did not reach every rank within a step"
+    return shown, figures, why
 
 
 # ------------------------------------------------------------------ a straggler
 STRAGGLER = {2: 3.0}      # rank 2 of 3 computes 3x slower (emulated)
 
 
-def straggler_runs(steps: int = 20) -> dict:
+def straggler_runs(steps: int = 20, kinds=("even", "straggler")) -> dict:
     """Data parallel on 3 ranks, all even, then rank 2 slower: {"even", "straggler"}."""
     from ..hardware import devices
     from ..launcher import launch
     runs = {}
-    for name, slow in (("even", None), ("straggler", STRAGGLER)):
+    for name in kinds:
+        slow = STRAGGLER if name == "straggler" else None
         runs[name] = launch(programs.data_parallel_with_a_straggler, 3, devices=devices(3),
                             kwargs=dict(steps=steps, slow=slow))
         _SECONDS[f"straggler: {name}"] = runs[name].wall_time
@@ -283,7 +285,7 @@ def straggler_numbers(run, skip: int = 2) -> dict:
 
 
 def _straggler_experiment() -> dict:
-    return straggler_numbers(straggler_runs()["straggler"])
+    return straggler_numbers(straggler_runs(kinds=("straggler",))["straggler"])
 
 
 @lessons.lesson("09.straggler_is_waited_for",

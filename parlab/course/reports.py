@@ -210,11 +210,10 @@ def provoke(name: str, fn: Callable, world_size: int, *, timeout: float,
         except (LaunchTimeout, WorkerError) as exc:
             error = exc
         seconds = time.perf_counter() - t0
+        output = captured.read_text(errors="replace")
     file_name = re.sub(r"[^\w.-]+", "_", name) + ".txt"
-    out = Outcome(name, fn, world_size, seconds, result, error,
-                  captured.read_text(errors="replace"), folder / file_name)
+    out = Outcome(name, fn, world_size, seconds, result, error, output, folder / file_name)
     out.path.write_text(out.text())
-    captured.unlink(missing_ok=True)
     return out
 
 
@@ -247,3 +246,4 @@ def _ranks_output():
             os.dup2(copy, target)
             os.close(copy)
         os.close(fd)
+        path.unlink(missing_ok=True)
