@@ -372,7 +372,7 @@ def run_tf_frozen_worker(freeze_at: int = 3, timeout_s: float = 2.0,
                          timeout: float = 60.0) -> reports.Outcome:
     """Two MultiWorkerMirroredStrategy workers (TF_CONFIG on 127.0.0.1); worker 1 stops
     answering at step ``freeze_at``; collectives give up after ``timeout_s``."""
-    from ..tf.cluster import free_ports
+    from ..system import free_ports     # parlab.tf would import TensorFlow into this kernel
     return provoke("TensorFlow worker frozen", programs.tf_worker_that_freezes, timeout=timeout,
                    kwargs=dict(ports=free_ports(2), freeze_at=freeze_at, timeout_s=timeout_s),
                    process_group=False, env={"TF_CPP_MIN_LOG_LEVEL": "2"})
