@@ -191,7 +191,7 @@ def test_closing_note_says_what_was_not_run(capsys):
     lab09.closing_note()
     out = capsys.readouterr().out.splitlines()
     assert out[1].startswith("deadlock by message order") and out[1].endswith("4.2")
-    assert out[2].endswith("not run in this session")
+    assert out[2].endswith("not run yet in this kernel")
 
 
 def test_said_puts_a_run_in_one_line():

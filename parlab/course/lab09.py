@@ -3,7 +3,7 @@ exercises.
 
 Each part provokes one failure with a short program of ``lab09_programs`` under a
 bounded timeout (``reports.provoke``), shows the trimmed report, and runs the fix.
-``closing_note`` lists every failure mode with the seconds this session took to show it.
+``closing_note`` lists every failure mode with the seconds its runs took in this kernel.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from .lab09_exercises import check_ring_shift, check_schedule  # noqa: F401 (lab
 from .lab09_programs import FAIL_TIMEOUT, FOLDER, HANG_TIMEOUT  # noqa: F401 (lab09.HANG_TIMEOUT)
 from .reports import listing  # noqa: F401 (lab09.listing)
 
-_SECONDS: dict[str, float] = {}     # name -> seconds of this session's latest run
+_SECONDS: dict[str, float] = {}     # name -> seconds of the latest run of that name here
 
 
 def provoke(name: str, fn, world_size: int = 2, *, timeout: float = FAIL_TIMEOUT,
@@ -396,11 +396,11 @@ MODES = [  # (failure mode, symptom, what finds it, the runs that show it)
 
 
 def closing_note() -> None:
-    """Each failure mode, how it shows, what finds it, and the seconds this session's runs
+    """Each failure mode, how it shows, what finds it, and the seconds the runs above
     took to show and diagnose it (each run from launch to report, start-up included)."""
     print(f"{'failure mode':<29}{'symptom':<25}{'found by':<33}seconds to show and diagnose")
     for mode, symptom, found, runs in MODES:
         secs = [_SECONDS[r] for r in runs if r in _SECONDS]
         took = (" + ".join(f"{s:.1f}" for s in secs) if len(secs) == len(runs)
-                else "not run in this session")
+                else "not run yet in this kernel")
         print(f"{mode:<29}{symptom:<25}{found:<33}{took}")
