@@ -347,6 +347,10 @@ def _stop_all(procs) -> None:
                        (getattr(signal, "SIGKILL", signal.SIGTERM), KILL_GRACE_S)):
         for p in left:
             _signal_group(p, sig)
+            if sig == signal.SIGTERM and hasattr(signal, "SIGCONT"):
+                # A stopped rank (SIGSTOP, a debugger, lab 09's frozen rank) keeps SIGTERM
+                # pending until it runs again: let it run, so it dies now, not at SIGKILL.
+                _signal_group(p, signal.SIGCONT)
         left = _wait_stopped(left, grace)
         if not left:
             break

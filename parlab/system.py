@@ -86,3 +86,20 @@ def listening_addresses(pids=None) -> list[str]:
             continue
         found |= {f"{c.laddr.ip}:{c.laddr.port}" for c in conns if c.status == psutil.CONN_LISTEN}
     return sorted(found)
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """n ports on ``host`` that were free a moment ago (TF_CONFIG and cluster specs take
+    them). Here rather than in ``parlab.tf.cluster``, whose package imports TensorFlow: a
+    notebook that only starts TensorFlow processes need not import it itself."""
+    import socket
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()

@@ -6,23 +6,9 @@ to one launch instead (see ``parlab.tf.parameter_server``). Imports no TensorFlo
 """
 from __future__ import annotations
 
-import socket
+from ..system import free_ports  # noqa: F401 (parlab.tf.cluster.free_ports, as before)
 
 HOST = "127.0.0.1"
-
-
-def free_ports(n: int) -> list[int]:
-    """n ports on 127.0.0.1 that were free a moment ago (for TF_CONFIG and cluster specs)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind((HOST, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def tf_config(ports, index: int) -> dict:

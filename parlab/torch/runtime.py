@@ -139,6 +139,10 @@ def init_rank(rank: int, world_size: int, *, backend: str, device_kind: str,
         # NCCL carries only CUDA tensors; a rank function that keeps some tensors on the CPU
         # (most of the course's do, to run anywhere) sends those through gloo.
         backend = "cpu:gloo,cuda:nccl"
+    # torch reads TORCH_DISTRIBUTED_DEBUG once, when it is imported. A rank forked from
+    # the fork server imported torch before the launch's env= reached it: read it again,
+    # or DETAIL's collective checks (a wrapper around the group, made here) never start.
+    dist.set_debug_level_from_env()
     if store_path is not None or master_port is not None:
         dist.init_process_group(backend, store=_connect_store(store_path, master_addr,
                                                               master_port, world_size, timeout),
