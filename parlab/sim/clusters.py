@@ -65,17 +65,21 @@ def t4_pcie(devices: int = 2) -> Cluster:
                 through_host, 10e-6, through_host, 10e-6)
 
 
-def a100_nvlink(devices: int = 8) -> Cluster:
-    """A DGX A100-like node: 8 × A100 SXM4 80 GB on NVSwitch.
+def a100_nvlink(devices: int = 8, *, gb: int = 80) -> Cluster:
+    """A DGX A100-like node: 8 × A100 SXM4 80 GB on NVSwitch (``devices`` beyond 8: such
+    nodes, each GPU with its own network card).
 
     NVIDIA A100 datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf): 80 GB
-    HBM2e at 2039 GB/s; between nodes 8 HDR cards of 200 Gb/s, one per GPU (DGX A100 user
-    guide): 25 GB/s each; 312 TFLOP/s dense BF16/FP16 (624 with sparsity), 108 SMs;
-    NVLink 3: 600 GB/s per GPU both directions together, 300 GB/s each way.
+    HBM2e at 2039 GB/s (the 40 GB part, ``gb=40``: HBM2 at 1555 GB/s); between nodes 8 HDR
+    cards of 200 Gb/s, one per GPU (DGX A100 user guide): 25 GB/s each; 312 TFLOP/s dense
+    BF16/FP16 (624 with sparsity), 108 SMs; NVLink 3: 600 GB/s per GPU both directions
+    together, 300 GB/s each way.
     """
     devices = count("a100_nvlink", "devices", devices)
-    return _gpu(f"{devices} × A100 (NVLink)", devices, 8, 80, MAX_ACHIEVABLE["A100"], 108,
-                2039e9,
+    if gb not in (40, 80):
+        raise ValueError(f"a100_nvlink: gb must be 40 or 80 (the two A100 SXM4 parts), got {gb!r}")
+    return _gpu(f"{devices} × A100 {gb} GB (NVLink)", devices, 8, gb, MAX_ACHIEVABLE["A100"],
+                108, 2039e9 if gb == 80 else 1555e9,
                 300e9, 3e-6, 25e9, 8e-6)
 
 
@@ -127,6 +131,94 @@ def v100_dgx2h(devices: int = 16) -> Cluster:
     return _gpu(f"{devices} × V100 (DGX-2H, NVSwitch)", devices, 16, 32,
                 SUSTAINED_COMPUTE * 125e12, 80, 900e9,
                 150e9, 5e-6, 12.5e9, 10e-6)
+
+
+# ------------------------------------------------------------------ the published runs' machines
+# (``published_setups.HARDWARE`` names them; the same derating as above)
+def _nodes(what: str, nodes: int) -> int:
+    return count(what, "nodes", nodes)
+
+
+def v100_dgx1(nodes: int = 1) -> Cluster:
+    """DGX-1 nodes: 8 × V100 SXM2 16 GB on an NVLink hybrid cube-mesh, 4 EDR cards a node.
+
+    NVIDIA V100 datasheet: 125 TFLOP/s FP16 tensor peak, 16 GB HBM2 at 900 GB/s, 80 SMs;
+    NVLink 2: six links of 25 GB/s each way per GPU (150 GB/s each way; a ring over the
+    cube-mesh uses them without a switch). DGX-1 datasheet: 4 × 100 Gb/s EDR InfiniBand
+    per node (12.5 GB/s each), NVIDIA/nccl issue 307: "~12 GB/s with each NIC".
+    """
+    nodes = _nodes("v100_dgx1", nodes)
+    return replace(_gpu(f"{nodes} DGX-1 × 8 V100 (NVLink mesh, 4 EDR)", 8 * nodes, 8, 16,
+                        SUSTAINED_COMPUTE * 125e12, 80, 900e9, 150e9, 5e-6, 12.5e9, 10e-6),
+                   nics_per_node=4)
+
+
+def a800_nodes(nodes: int = 1) -> Cluster:
+    """Nodes of 8 × A800 SXM4 80 GB on NVSwitch, one 200 Gb/s HDR card per node.
+
+    The A800 is an A100 whose NVLink carries 400 GB/s both ways together (200 GB/s each
+    way, against the A100's 300: the A800 datasheet, from memory, unverified); compute and
+    memory as the A100 80 GB. One HDR card per node: NVIDIA/nccl issue 412 (the 12-node run of our set).
+    """
+    nodes = _nodes("a800_nodes", nodes)
+    base = a100_nvlink(8 * nodes)
+    return replace(base, name=f"{nodes} nodes × 8 A800 (NVLink 200 GB/s, 1 HDR card)",
+                   intra=Link(3e-6, SUSTAINED_LINK * 200e9), nics_per_node=1)
+
+
+def a100_omnipath(nodes: int = 1) -> Cluster:
+    """Jean Zay's A100 partition (BLOOM's training): 8 × A100 SXM4 80 GB on NVLink per
+    node, 4 Omni-Path links of 100 Gb/s per node (bigscience tr11-176B-ml README; the
+    100 Gb/s line rate of Omni-Path 100)."""
+    nodes = _nodes("a100_omnipath", nodes)
+    return replace(a100_nvlink(8 * nodes), name=f"{nodes} nodes × 8 A100 (4 Omni-Path)",
+                   inter=Link(8e-6, SUSTAINED_LINK * 12.5e9), nics_per_node=4)
+
+
+def a100_ethernet(nodes: int = 1) -> Cluster:
+    """IBM's Vela (the fms-fsdp runs): 8 × A100 SXM4 80 GB on NVLink per node, 2 × 100 Gb/s
+    Ethernet per node at its launch (IBM Research blog, 2023; from memory, unverified)."""
+    nodes = _nodes("a100_ethernet", nodes)
+    return replace(a100_nvlink(8 * nodes), name=f"{nodes} nodes × 8 A100 (2 × 100 GbE)",
+                   inter=Link(10e-6, SUSTAINED_LINK * 12.5e9), nics_per_node=2)
+
+
+def p100_pcie(devices: int = 8) -> Cluster:
+    """One host of Tesla P100 PCIe 16 GB (GPipe's Table 3), float32.
+
+    NVIDIA Tesla P100 datasheet: 9.3 TFLOP/s FP32 (18.7 FP16; no tensor cores), 16 GB
+    HBM2 at 732 GB/s, 56 SMs, PCIe Gen3 x16 (15.75 GB/s each way). Without NVLink a copy
+    between GPUs goes through host memory and crosses PCIe twice: half the PCIe rate, as
+    for ``t4_pcie``.
+    """
+    devices = count("p100_pcie", "devices", devices)
+    through_host = 15.75e9 / 2
+    return _gpu(f"{devices} × P100 (PCIe, float32)", devices, devices, 16,
+                SUSTAINED_COMPUTE * 9.3e12, 56, 732e9, through_host, 10e-6, through_host, 10e-6)
+
+
+def p100_roce(nodes: int = 1) -> Cluster:
+    """Horovod's benchmark cluster: servers of 4 Pascal GPUs (P100 PCIe assumed) with one
+    25 Gb/s RoCE card each (horovod docs/benchmarks.rst), float32: 9.3 TFLOP/s FP32 per
+    GPU (P100 PCIe datasheet), PCIe inside a server as ``p100_pcie``."""
+    nodes = _nodes("p100_roce", nodes)
+    inside = p100_pcie(4)
+    return replace(inside, name=f"{nodes} servers × 4 P100 (25 Gb/s RoCE)", devices=4 * nodes,
+                   inter=Link(10e-6, SUSTAINED_LINK * 25e9 / 8), nics_per_node=1)
+
+
+def p40_pcie(devices: int = 8) -> Cluster:
+    """One host of Tesla P40 24 GB (torchgpipe's benchmarks), float32.
+
+    NVIDIA Tesla P40 datasheet: 12 TFLOP/s FP32 (11.76 at the boost clock), 24 GB GDDR5 at
+    346 GB/s, 30 SMs, PCIe Gen3 x16; copies between GPUs through host memory as
+    ``p100_pcie`` (whether peer-to-peer was on is not stated).
+    """
+    devices = count("p40_pcie", "devices", devices)
+    through_host = 15.75e9 / 2
+    return _gpu(f"{devices} × P40 (PCIe, float32)", devices, devices, 24,
+                SUSTAINED_COMPUTE * 11.76e12, 30, 346e9, through_host, 10e-6, through_host,
+                10e-6)
 
 
 def gpu_presets() -> dict[str, Cluster]:

@@ -183,3 +183,58 @@ def _strided(size: int, stride: int) -> int:
     if size % stride:
         raise ValueError(f"a size of {size} does not divide by the stride {stride}")
     return size // stride
+
+
+class Parts:
+    """A layer built from its parts (a residual block, an Inception module, an AmoebaNet
+    cell, or one module of a sequential model): each call adds one operation's numbers,
+    per sample, and ``layer`` sums them. Convolutions are implicit matrix products that
+    read their input once (as ``conv2d``); a normalisation (batch or instance) reads its
+    input twice (statistics, then normalising) and writes once, and keeps its input; a
+    ReLU reads and writes once (what it keeps is the next operation's input, counted
+    there); pooling reads its input and writes its output, and keeps its input; an add
+    reads two and writes one; a concat copies."""
+
+    def __init__(self, act_bytes: int = 4):
+        self.ab, self.gemms, self.params, self.saved, self.bytes = act_bytes, [], 0, 0.0, 0.0
+
+    def conv(self, h: int, w: int, c_in: int, c_out: int, kh: int, kw: int | None = None, *,
+             stride=1, pad=None, bias: bool = False) -> tuple[int, int]:
+        """A kh x kw convolution (stride an int or (rows, columns); pad default "same"):
+        returns the output's (height, width)."""
+        kw = kh if kw is None else kw
+        sh, sw = (stride, stride) if isinstance(stride, int) else stride
+        ph, pw = ((kh - 1) // 2, (kw - 1) // 2) if pad is None else (pad, pad)
+        ho, wo = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
+        self.gemms.append(Gemm(ho * wo, c_out, kh * kw * c_in, a_elems=c_in * h * w))
+        self.params += kh * kw * c_in * c_out + (c_out if bias else 0)
+        self.saved += c_in * h * w
+        return ho, wo
+
+    def norm(self, elems: float, channels: int, *, affine: bool = True) -> None:
+        self.params += 2 * channels if affine else 0
+        self.bytes += 3.0 * self.ab * elems
+        self.saved += elems
+
+    def relu(self, elems: float) -> None:
+        self.bytes += 2.0 * self.ab * elems
+
+    def pool(self, in_elems: float, out_elems: float) -> None:
+        self.bytes += self.ab * (in_elems + out_elems)
+        self.saved += in_elems
+
+    def add(self, elems: float) -> None:
+        self.bytes += 3.0 * self.ab * elems
+
+    def copy(self, elems: float) -> None:
+        self.bytes += 2.0 * self.ab * elems
+
+    def linear(self, a: int, b: int) -> None:
+        self.gemms.append(Gemm(1, b, a))
+        self.params += a * b + b
+        self.saved += a
+
+    def layer(self, name: str, out_elems: float) -> Layer:
+        gemms = tuple(self.gemms)
+        return Layer(name, self.params, sum(g.flops for g in gemms), out_elems=out_elems,
+                     saved_elems=self.saved, elementwise_bytes=self.bytes, gemms=gemms)
