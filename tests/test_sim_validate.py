@@ -105,12 +105,16 @@ def test_hybrid_sharding_gathers_inside_a_node_and_all_reduces_shards_across():
     assert hsdp == pytest.approx(want) and hsdp < fsdp
 
 
-def test_overlap_hides_data_parallel_traffic_behind_compute_and_no_more():
-    w, c = sim.Workload.of(_gpt()), sim.h100_infiniband(2)
-    plain = sim.predict(w, c, sim.Plan(dp=16), 64)
-    hidden = sim.predict(w, c, sim.Plan(dp=16), 64, overlap_dp=True)
-    assert hidden.parts["dp"] == pytest.approx(max(0.0, plain.parts["dp"]
-                                                   - 2 / 3 * plain.parts["compute"]))
+def test_overlap_hides_data_parallel_traffic_behind_compute_but_not_the_last_bucket():
+    net, c = _gpt(), sim.h100_infiniband(2)
+    for buckets in (1, 4):
+        w = sim.Workload.of(net, dp_messages=buckets)
+        plain = sim.predict(w, c, sim.Plan(dp=16), 64)
+        hidden = sim.predict(w, c, sim.Plan(dp=16), 64, overlap_dp=True)
+        dp = plain.parts["dp"]
+        assert hidden.parts["dp"] == pytest.approx(
+            max(dp / buckets, dp - 2 / 3 * plain.parts["compute"]))
+    assert hidden.parts["dp"] < plain.parts["dp"]
 
 
 def test_interleaving_divides_the_bubble_and_bounds_set_the_busiest_stage():

@@ -23,7 +23,9 @@ units (gated: SwiGLU's three matrices, Shazeer, 2020), on a sequence of s tokens
   whole the two norms' inputs 4sh, the inputs of QKV and of the MLP 4sh, and with
   dropout its two masks 2sh (what sequence parallelism splits). With flash attention
   (Dao et al., 2022) the s^2 tensors are never stored (4 a s bytes of softmax
-  statistics are) and the scores are recomputed in the backward pass.
+  statistics are) and the scores are recomputed in the backward pass: one more s x s x d
+  product per head there (``Layer.backward_gemms``; Dao et al., 2022, algorithm 4: the
+  backward runs five products where a stored softmax needs four).
 * element-wise bytes, read + written: softmax (and scaling, and dropout) over a s^2
   scores (none with flash attention: fused on chip), the MLP's activation over sf (gated
   5sf: SiLU, and the product's two reads and one write), rotary embeddings over Q and K;
@@ -84,7 +86,7 @@ def block(name: str, seq: int, hidden: int, heads: int, *, kv_heads: int | None 
                  saved_elems=split / ab, elementwise_bytes=softmax + mlp + rope,
                  replicated_bytes=repeated, tp_all_reduces=2, gemms=gemms,
                  saved_replicated_elems=replicated / ab, attention_elems=attention / ab,
-                 attention_bytes=softmax)
+                 attention_bytes=softmax, backward_gemms=gemms[1:2] if flash else ())
 
 
 def embedding(seq: int, hidden: int, vocab: int, *, act_bytes: int = AB) -> Layer:

@@ -50,6 +50,8 @@ class Gemm:
     actually read (0: m k; a convolution reads its input once, not k^2 times). split:
     what tensor parallelism slices: "n" (column-parallel, output features), "k"
     (row-parallel, input features), "count" (attention heads), None (repeated whole).
+    winograd: a 3 x 3 convolution of stride 1, which a library may run with Winograd's
+    minimal filtering (fewer multiplications: ``gemm.MatrixUnit.winograd``).
     """
 
     m: float
@@ -59,6 +61,7 @@ class Gemm:
     weights: bool = True
     a_elems: float = 0.0
     split: str | None = "n"
+    winograd: bool = False
 
     def __post_init__(self):
         for name in ("m", "n", "k", "count"):
@@ -98,6 +101,8 @@ class Layer:
     saved_replicated_elems: float = 0.0
     attention_elems: float = 0.0
     attention_bytes: float = 0.0
+    backward_gemms: tuple = ()       # products the backward runs besides the two of each
+                                     # forward one (flash attention's recomputed scores)
 
     def __post_init__(self):
         owner = f"Layer {self.name!r}"
@@ -107,7 +112,7 @@ class Layer:
                      "replicated_bytes", "saved_replicated_elems", "attention_elems",
                      "attention_bytes"):
             amount(owner, name, getattr(self, name))
-        if not all(isinstance(g, Gemm) for g in self.gemms):
+        if not all(isinstance(g, Gemm) for g in self.gemms + self.backward_gemms):
             raise ValueError(f"{owner}: gemms must be Gemm, got {self.gemms!r}")
 
 
@@ -123,7 +128,8 @@ def conv2d(name: str, h: int, w: int, c_in: int, c_out: int, k: int = 3, *, stri
     """A k x k convolution with "same" padding (and its ReLU): see the module doc."""
     ho, wo = _strided(h, stride), _strided(w, stride)
     out = c_out * ho * wo
-    gemm = Gemm(ho * wo, c_out, k * k * c_in, a_elems=c_in * h * w)
+    gemm = Gemm(ho * wo, c_out, k * k * c_in, a_elems=c_in * h * w,
+                winograd=k == 3 and stride == 1)
     return Layer(name, k * k * c_in * c_out + c_out, gemm.flops, out_elems=out,
                  saved_elems=c_in * h * w + out * relu,
                  elementwise_bytes=act_bytes * 2.0 * out * relu, gemms=(gemm,))
@@ -206,7 +212,8 @@ class Parts:
         sh, sw = (stride, stride) if isinstance(stride, int) else stride
         ph, pw = ((kh - 1) // 2, (kw - 1) // 2) if pad is None else (pad, pad)
         ho, wo = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
-        self.gemms.append(Gemm(ho * wo, c_out, kh * kw * c_in, a_elems=c_in * h * w))
+        self.gemms.append(Gemm(ho * wo, c_out, kh * kw * c_in, a_elems=c_in * h * w,
+                               winograd=kh == kw == 3 and sh == sw == 1))
         self.params += kh * kw * c_in * c_out + (c_out if bias else 0)
         self.saved += c_in * h * w
         return ho, wo

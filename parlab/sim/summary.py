@@ -28,7 +28,8 @@ node, over every network card across nodes, NVLink SHARP):
   the last micro-batch's backward (2/3 of its slot: gradients accumulate over the
   others, DDP's no_sync), ZeRO 1/2 behind that backward and the next step's first
   forward (a whole slot: Megatron-Core's overlapped reduce and parameter gather), ZeRO-3
-  behind every pass (FSDP's prefetch).
+  behind every pass (FSDP's prefetch); but the last of the workload's ``dp_messages``
+  buckets is only ready when the backward ends, and its exchange always shows.
 * ``overlap_tp``: each layer's tensor-parallel collectives run behind its own compute
   (communication split under the matrix products, as Transformer Engine does) and only
   what exceeds it shows.
@@ -43,9 +44,9 @@ from dataclasses import dataclass, field
 
 from ..split import check_bounds
 from .checks import count
-from .collectives import (all_reduce_time, describe, half_ring_time, members_per_node,
-                          spans_nodes)
-from .links import send_s
+from .collectives import (all_reduce_time, cards_per_device, describe, half_ring_time,
+                          members_per_node, spans_nodes)
+from .links import Link, send_s
 from .sharding import check_zero, sharded_states
 
 AXES = ("dp", "pp", "tp")      # the default order: tensor parallel innermost (fastest)
@@ -134,7 +135,10 @@ def predict(w, c, plan: Plan, global_batch: int, *, overlap_dp: bool = False, ze
     dp_s, shards = _data_parallel_s(w, c, plan, params, m, zero, sharding, stride["dp"])
     window = {0: 2 / 3 * (slot_c + slot_t), 1: slot_c + slot_t, 2: slot_c + slot_t,
               3: m * (slot_c + slot_t)}[zero]
-    parts["dp"] = max(0.0, dp_s - window) if overlap_dp else dp_s
+    # the last bucket's exchange (ZeRO 1/2: and the first one's gather) starts only when
+    # the backward has made it: it never hides (w.dp_messages buckets of equal size)
+    tail = dp_s / w.dp_messages if zero < 3 else 0.0
+    parts["dp"] = max(tail, dp_s - window) if overlap_dp else dp_s
     net = w.network
     if net is not None:
         parts["update"] = c.layer_overhead_s + params / (shards if zero else 1) * \
@@ -207,11 +211,14 @@ def _layer_tp_s(net, c, i: int, mb: float, t: int, paired: list, stride: int = 1
 
 def _boundary_s(w, c, mb: float, t: int, link: dict, tp_stride: int = 1) -> float:
     """One activation (or gradient) between stages: each tp rank sends 1/t of it and the
-    receivers all-gather it (Narayanan et al., 2021, section 4.1)."""
-    nbytes = w.boundary_bytes * mb
+    receivers all-gather it (Narayanan et al., 2021, section 4.1). Between nodes every
+    device sends at once: a node with fewer network cards than devices shares them."""
+    nbytes, pp = w.boundary_bytes * mb, link["pp"]
+    if pp is c.inter and cards_per_device(c) < 1:
+        pp = Link(pp.latency_s, pp.bandwidth_Bps * cards_per_device(c))
     if t == 1:
-        return send_s(nbytes, link["pp"])
-    return send_s(nbytes / t, link["pp"]) + half_ring_time(c, nbytes, t, tp_stride)
+        return send_s(nbytes, pp)
+    return send_s(nbytes / t, pp) + half_ring_time(c, nbytes, t, tp_stride)
 
 
 def _data_parallel_s(w, c, plan: Plan, params: float, m: int, zero: int, sharding: str,

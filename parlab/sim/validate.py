@@ -34,7 +34,9 @@ and the logits on the last), and where the blocks do not divide evenly the embed
 the logits counted as blocks (Megatron-DeepSpeed's layout, as BLOOM's and Llama 3's notes
 say); GPipe's unstated batch: its Table 1's (32 sequences, 128 images); node counts that
 nccl-tests' comments do not state: the fewest the comment allows; data-parallel traffic
-overlapped where the source says so or shards with FSDP, else after the backward.
+overlapped where the source says so or shards with FSDP, else after the backward, in the
+framework's buckets (Horovod's 64 MB fusion buffers, Megatron-Core's max(40 M, 1 M x dp)
+parameters; one bucket otherwise).
 """
 from __future__ import annotations
 
@@ -57,6 +59,9 @@ from .timelines import pipeline, single_device, tensor_parallel
 TARGET = 0.15
 GPIPE_BATCH = {"transformer": 32, "convnet": 128}   # GPipe Table 1 (section 3)
 FUSION_BYTES = 64 * 2 ** 20     # Horovod's tensor fusion buffer (HOROVOD_FUSION_THRESHOLD)
+# Megatron-Core's gradient buckets: max(40 M, 1 M x dp) parameters (its
+# DistributedDataParallelConfig.bucket_size default)
+MCORE_BUCKET = 40e6
 # presets built from a node count (the others from a device count)
 BY_NODES = {"v100_dgx1", "a800_nodes", "a100_omnipath", "a100_ethernet", "h100_nodes",
             "h100_infiniband", "p100_roce"}
@@ -91,7 +96,7 @@ class Outcome:
                     f"{source})")
         verdict = "within" if self.within else "OUTSIDE"
         return (f"sim vs published: {r.id} predicted {self.predicted:.3g} published "
-                f"{r.value:.3g} {r.unit} ({self.error:+.1%}, {verdict} {TARGET:.0%}; "
+                f"{r.value:.3g} {r.unit} ({self.error * 100:+.1f} %, {verdict} {TARGET * 100:.0f} %; "
                 f"{self.set}; {source})")
 
 
@@ -204,7 +209,8 @@ def summary_step(run, setup) -> tuple[float, Network, list]:
     chunks = par.interleave
     if chunks is None:
         chunks = 2 if par.schedule == "interleaved" else 1
-        used.append(f"{chunks} chunk(s) per pipeline rank")
+        if par.pp > 1:
+            used.append(f"{chunks} chunk{'s' if chunks > 1 else ''} per pipeline rank")
     m = par.global_batch // par.dp // mb
     bounds = megatron_bounds(net, par.pp * chunks)
     if par.balance:
@@ -213,9 +219,11 @@ def summary_step(run, setup) -> tuple[float, Network, list]:
     # overlapped: stated (Megatron-Core), FSDP's prefetch, Horovod's background thread
     overlap = par.sharding in ("fsdp", "hsdp") or DP_OVERLAP in run.note or \
         run.id.startswith("horovod")
-    messages = 1
+    messages = 1                 # gradient buckets
     if run.id.startswith("horovod"):
-        messages = max(1, math.ceil(net.params * net.grad_wire_bytes / FUSION_BYTES))
+        messages = math.ceil(net.params * net.grad_wire_bytes / FUSION_BYTES)
+    elif DP_OVERLAP in run.note:
+        messages = math.ceil(net.params / (par.tp * par.pp) / max(MCORE_BUCKET, 1e6 * par.dp))
     w = Workload.of(net, dp_messages=messages)
     pred = predict(w, c, Plan(dp=par.dp, tp=par.tp, pp=par.pp, micro_batches=m),
                    par.global_batch, overlap_dp=overlap, zero=par.zero,
@@ -346,7 +354,8 @@ def summary(results: list[Outcome], name: str) -> str:
     median = statistics.median(abs(o.error) for o in done) if done else float("nan")
     why = "; ".join(f"{o.run.id}: {o.note}" for o in missing)
     return (f"sim vs published, {name} set: {inside} of {len(done)} expressible runs within "
-            f"{TARGET:.0%} ({inside / max(len(done), 1):.0%}), median |error| {median:.1%}; "
+            f"{TARGET * 100:.0f} % ({100 * inside / max(len(done), 1):.0f} %), median |error| "
+            f"{median * 100:.1f} %; "
             f"{len(missing)} of {len(results)} not expressible{': ' + why if why else ''}")
 
 
