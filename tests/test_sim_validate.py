@@ -144,3 +144,33 @@ def test_every_fitting_run_has_a_prediction_or_a_reason():
         else:
             assert math.isfinite(o.predicted) and o.predicted > 0, o.run.id
             assert o.line().startswith(f"sim vs published: {o.run.id} predicted ")
+
+
+# ------------------------------------------------------------------ the printed lines
+GOLDEN = __import__("pathlib").Path(__file__).with_name("published_predictions.txt")
+
+
+def test_the_printed_lines_are_the_recorded_ones():
+    """``python -m parlab bench --only sim`` prints these lines (every run of both sets and
+    a summary per set) and the README quotes the summaries: the same every time, and a
+    change to the model that moves any prediction fails here. After such a change, write
+    the file again (``python -c "from parlab.sim import validate;
+    print(*validate.lines(), sep=chr(10))" > tests/published_predictions.txt``) and say in
+    the README what moved; the held-out set's first result stays recorded there."""
+    want = GOLDEN.read_text().splitlines()
+    got = validate.lines()
+    assert len(got) == len(pr.FITTING) + len(pr.HELD_OUT) + 2
+    for mine, theirs in zip(got, want):
+        assert mine == theirs
+    assert got[-2].startswith("sim vs published, fitting set: ")
+    assert got[-1].startswith("sim vs published, held-out set: ")
+
+
+def test_a_subset_prints_the_same_lines_and_its_own_summary():
+    ids = {"zero-7p5b-stage1-dp64", "nccl-a800-8gpu", "opt-175b"}
+    got = validate.lines(only=ids)
+    want = [x for x in GOLDEN.read_text().splitlines()
+            if any(f"sim vs published: {i} " in x for i in ids)]
+    assert got[:3] == want
+    assert "1 of 1 expressible" in got[3] and "0 of 0" not in got[3]
+    assert "opt-175b: the figure's FLOP count is not stated" in got[4]

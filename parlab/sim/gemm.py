@@ -37,6 +37,7 @@ whose convolutions run as implicit matrix products).
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -72,7 +73,11 @@ class MatrixUnit:
 
     def compute_s(self, m: float, n: float, k: float, batch: float = 1, *,
                   tiles=TILES) -> float:
-        """Seconds of ``batch`` independent m x n x k products, from tiles and waves."""
+        """Seconds of ``batch`` independent m x n x k products, from tiles and waves
+        (remembered: a timeline prices the same shapes once per micro-batch)."""
+        return _compute_s(self, m, n, k, batch, tiles)
+
+    def _compute_s(self, m: float, n: float, k: float, batch: float, tiles) -> float:
         per_sm = self.rate / self.sms
         best = math.inf
         for tm, tn, eff in tiles:
@@ -105,6 +110,11 @@ class MatrixUnit:
         """Achieved over maximum rate for one shape (0 .. 1)."""
         t = self.seconds(m, n, k, batch=batch)
         return 2.0 * m * n * k * batch / t / self.rate if t else 0.0
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _compute_s(unit: MatrixUnit, m, n, k, batch, tiles) -> float:
+    return unit._compute_s(m, n, k, batch, tiles)
 
 
 def layer_products(gemm, batch: float, shard: int) -> list[tuple]:

@@ -359,10 +359,11 @@ def summary(results: list[Outcome], name: str) -> str:
             f"{len(missing)} of {len(results)} not expressible{': ' + why if why else ''}")
 
 
-def lines(sets=("fitting", "held-out")) -> list[str]:
+def lines(sets=("fitting", "held-out"), only=None) -> list[str]:
+    """One line per run of each set (``Outcome.line``), then one summary line per set.
+    only: run ids to keep (a subset; the summaries then describe only those)."""
     from .published_runs import fitting, held_out
-    out = []
-    for name in sets:
-        results = outcomes(fitting() if name == "fitting" else held_out())
-        out += [o.line() for o in results] + [summary(results, name)]
-    return out
+    results = {name: outcomes(r for r in (fitting() if name == "fitting" else held_out())
+                              if only is None or r.id in only) for name in sets}
+    return ([o.line() for name in sets for o in results[name]]
+            + [summary(results[name], name) for name in sets])
