@@ -212,9 +212,7 @@ def summary_step(run, setup) -> tuple[float, Network, list]:
         if par.pp > 1:
             used.append(f"{chunks} chunk{'s' if chunks > 1 else ''} per pipeline rank")
     m = par.global_batch // par.dp // mb
-    bounds = megatron_bounds(net, par.pp * chunks)
-    if par.balance:
-        bounds = [sum(par.balance[:k]) for k in range(1, len(par.balance))]
+    bounds = _stated_bounds(par) or megatron_bounds(net, par.pp * chunks)
     c = cluster_for(setup)
     # overlapped: stated (Megatron-Core), FSDP's prefetch, Horovod's background thread
     overlap = par.sharding in ("fsdp", "hsdp") or DP_OVERLAP in run.note or \
@@ -238,15 +236,18 @@ def timeline_step(run, setup) -> float:
     net, c = network_for(run, setup), cluster_for(setup)
     recompute = RECOMPUTE[par.recompute]
     if par.pp > 1:
-        bounds = None
-        if par.balance:
-            bounds = [sum(par.balance[:k]) for k in range(1, len(par.balance))]
         return pipeline(net, c, _batch(setup), stages=par.pp, micro_batches=par.micro_batches,
-                        schedule=par.schedule, bounds=bounds, recompute=recompute).step_s
+                        schedule=par.schedule, bounds=_stated_bounds(par),
+                        recompute=recompute).step_s
     if par.tp > 1:
         return tensor_parallel(net, c, par.global_batch, devices=par.tp,
                                recompute=recompute).step_s
     return single_device(net, c, _batch(setup), recompute=recompute).step_s
+
+
+def _stated_bounds(par) -> list[int] | None:
+    """The cut points of the source's own balance (layers per stage), if it states one."""
+    return [sum(par.balance[:k]) for k in range(1, len(par.balance))] or None
 
 
 def _batch(setup) -> int:
