@@ -462,7 +462,8 @@ def model_holds_on_held_out_runs(m: dict):
                f"{statistics.median(abs(e) for e in errors.values()):.1%}; furthest: "
                + ", ".join(f"{k} {errors[k]:+.0%}" for k in worst)
                + f"; {len(m['missing'])} not expressible ({', '.join(m['missing'])})")
-    return share_in >= HELD_OUT_SHARE, figures, "the model misses more of them than the claim allows"
+    return (share_in >= HELD_OUT_SHARE, figures,
+            "the model misses more of them than the claim allows")
 
 
 def show_held_out() -> None:

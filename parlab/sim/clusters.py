@@ -169,7 +169,8 @@ def a800_nodes(nodes: int = 1) -> Cluster:
 
     The A800 is an A100 whose NVLink carries 400 GB/s both ways together (200 GB/s each
     way, against the A100's 300: the A800 datasheet, from memory, unverified); compute and
-    memory as the A100 80 GB. One HDR card per node: NVIDIA/nccl issue 412 (the 12-node run of our set).
+    memory as the A100 80 GB. One HDR card per node: NVIDIA/nccl issue 412 (the 12-node
+    run of the validation set).
     """
     nodes = _nodes("a800_nodes", nodes)
     base = a100_nvlink(8 * nodes)

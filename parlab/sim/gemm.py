@@ -23,8 +23,9 @@ products that took 0.1 ms or more, the model's time is within 15 % for 95 % (med
 error 3 %); attention's batched products (``data/bmm_h100_bf16.csv``) within 12 %
 (median); 3 x 3 convolutions (cuDNN, ``data/conv_h100_bf16.csv``) of 0.1 ms or more
 within 15 % from 32 channels up, with one more tile for them (CONV_TILES), and up to
-several times fast at 16 channels, where cuDNN has kernels of its own. Smaller products are dominated by the launch (about 5-30 us a call here), which the
-cost model counts as its fixed cost per layer pass. The same tiles and K0 serve the other
+several times fast at 16 channels, where cuDNN has kernels of its own. Smaller products
+are dominated by the launch (about 5-30 us a call here), which the cost model counts as
+its fixed cost per layer pass. The same tiles and K0 serve the other
 GPUs, with their own SMs and rate: an assumption (the libraries share their design).
 
 Winograd: on GPUs without tensor cores (float32 on Pascal), cuDNN runs 3 x 3 convolutions

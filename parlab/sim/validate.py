@@ -96,8 +96,8 @@ class Outcome:
                     f"{source})")
         verdict = "within" if self.within else "OUTSIDE"
         return (f"sim vs published: {r.id} predicted {self.predicted:.3g} published "
-                f"{r.value:.3g} {r.unit} ({self.error * 100:+.1f} %, {verdict} {TARGET * 100:.0f} %; "
-                f"{self.set}; {source})")
+                f"{r.value:.3g} {r.unit} ({self.error * 100:+.1f} %, {verdict} "
+                f"{TARGET * 100:.0f} %; {self.set}; {source})")
 
 
 # ------------------------------------------------------------------ the run's pieces
