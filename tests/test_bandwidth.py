@@ -73,19 +73,32 @@ def test_this_machine_is_calibrated_back_to_back_and_between_messages(no_leftove
 
 def test_the_sim_benchmark_reports_the_median_over_rounds_against_each_target():
     from parlab.bench import sim as bench_sim
-    rounds = [[{"label": "lab 01", "what": "step", "predicted": p, "measured": 1.0},
+    rounds = [[{"label": "lab 01", "what": "step", "predicted": p, "measured": 1.0, "ranks": 1,
+                "core_wait": 0.0},
                {"label": "lab 02", "what": "bubble", "predicted": b, "measured": 0.5},
-               {"label": "lab 06", "what": "step", "predicted": 1.0, "measured": m}]
-              for p, b, m in ((1.10, 0.58, 2.0), (1.30, 0.54, 1.0), (0.90, 0.60, 3.0))]
-    lines = bench_sim.report(rounds)
-    assert ("predicted/measured 1.10 (rounds: 1.10 / 1.30 / 0.90; within 15 %; measured "
-            "1.00x apart between rounds)") in lines[0]
+               {"label": "lab 05", "what": "step", "predicted": 1.0, "measured": m, "ranks": 2,
+                "core_wait": 0.1},
+               {"label": "lab 07", "what": "step", "predicted": 1.0, "measured": m, "ranks": 4,
+                "core_wait": w}]
+              for p, b, m, w in ((1.10, 0.58, 2.0, 0.5), (1.30, 0.54, 1.0, 0.0),
+                                 (0.90, 0.60, 3.0, 0.5))]
+    lines = bench_sim.report(rounds, cores=2)
+    assert lines[0].startswith("predicted/measured (ranks <= cores) lab 01 1.10 (step ")
+    assert ("rounds: 1.10 / 1.30 / 0.90; within 15 %; measured 1.00x apart between rounds; "
+            "1 rank(s) on 2 cores)") in lines[0]
     assert ("predicted - measured +0.080 (rounds: +0.080 / +0.040 / +0.100; OUTSIDE 0.05; "
             "measured 0.000 apart between rounds)") in lines[1]
     # the machine's own figure moved 3x: no one prediction fits every round
-    assert "predicted/measured 0.50 (rounds: 0.50 / 1.00 / 0.33; OUTSIDE 15 %; measured " \
-           "3.00x apart" in lines[2]
-    assert lines[-1].startswith("summary: step times within 15 % for 1 of 2, shares within "
-                                "0.05 for 0 of 1")
+    assert lines[2].startswith("predicted/measured (ranks <= cores) lab 05 0.50 (step ")
+    assert "rounds: 0.50 / 1.00 / 0.33; OUTSIDE 15 %; measured 3.00x apart" in lines[2]
+    # 4 ranks on 2 cores: the measured band, and the step less its core wait; no verdict
+    assert lines[3].startswith("predicted/measured (oversubscribed) lab 07 0.50 (step ")
+    assert "measured 1000.00-3000.00 ms across rounds (median 2000.00)" in lines[3]
+    # medians of 1 / (2 x 0.5), 1 / 1, 1 / (3 x 0.5): 1.00, 1.00, 0.67
+    assert "against the measured step less its core wait (50% of it): 1.00" in lines[3]
+    assert "within" not in lines[3] and "OUTSIDE" not in lines[3]
+    assert lines[-1].startswith("summary: step times within 15 % for 1 of 2 configurations "
+                                "whose ranks fit the 2 cores (1 oversubscribed: bands above), "
+                                "shares within 0.05 for 0 of 1")
     assert lines[-1].endswith("of the 2 outside, 1 moved between rounds by more than the "
                               "tolerance allows (step 1.35x, share 0.10)")

@@ -61,6 +61,26 @@ def test_spearman_gives_ties_their_mean_rank():
     assert lab07.spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(0.866, abs=1e-3)
 
 
+def _held_out(errors):
+    return {"errors": {f"run{i}": e for i, e in enumerate(errors)},
+            "missing": {"opt-175b": "its FLOP count is not stated"}, "target": 0.15}
+
+
+def test_held_out_runs_shown_when_four_in_five_land_within_15_percent():
+    v = lessons.evaluate("07.model_holds_on_held_out_runs",
+                         _held_out([0.01, -0.05, 0.14, -0.12, 0.3]))
+    assert v.shown and "4 of 5 expressible held-out runs within 15% (80%)" in v.figures
+    assert "median error 12.0%" in v.figures and "furthest: run4 +30%" in v.figures
+    assert "1 not expressible (opt-175b)" in v.figures
+
+
+def test_held_out_runs_not_shown_when_fewer_land_within():
+    v = lessons.evaluate("07.model_holds_on_held_out_runs",
+                         _held_out([0.01, -0.2, 0.14, -0.3, 0.3]))
+    assert not v.shown and "2 of 5" in v.figures and "misses more" in v.why
+
+
 def test_the_lab_has_these_lessons():
     assert {x.name for x in lessons.of_lab("07")} == {"07.axis_bytes_match_formula",
-                                                      "07.data_parallel_quickest_here"}
+                                                      "07.data_parallel_quickest_here",
+                                                      "07.model_holds_on_held_out_runs"}

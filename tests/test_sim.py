@@ -393,12 +393,14 @@ def test_presets_derate_their_datasheets_and_say_so():
     # the maximum achievable matrix rate, not the peak (989 and 312 TFLOP/s)
     assert h100.flops == h100.matrix.rate == 794.5e12 and h100.matrix.sms == 132
     assert a100.flops == a100.matrix.rate == 271.2e12 and a100.matrix.sms == 108
-    assert t4.flops == pytest.approx(0.4 * 65e12)                # no published maximum
+    # no published maximum: the share of the peak that the A100's and H100's reach
+    assert t4.flops == pytest.approx((271.2 / 312 + 794.5 / 989) / 2 * 65e12)
     assert h100.intra.bandwidth_Bps == pytest.approx(0.8 * 450e9)
     assert a100.memory_bandwidth_Bps == pytest.approx(0.9 * 2039e9)
     assert t4.memory_bytes == 16e9 and t4.devices == 2
     ib = sim.h100_infiniband(2)
     assert ib.devices == 16 and ib.link(16) is ib.inter and ib.link(8) is ib.intra
+    assert ib.inter.bandwidth_Bps == pytest.approx(0.95 * 50e9)    # a card, near line rate
     assert ib.inter.bandwidth_Bps < ib.intra.bandwidth_Bps / 5
     # the same step is faster on faster hardware
     net = sim.Network.transformer("small", 4, 1024, 16, 512)

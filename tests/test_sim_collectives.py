@@ -22,30 +22,34 @@ def test_a_group_inside_a_node_rings_over_nvlink():
     assert t == pytest.approx(2 * 7 * 3e-6 + 2 * 7 / 8 * GiB / (0.8 * 450e9))
 
 
+CARD = 0.95 * 50e9           # an NDR card, sustained (clusters.SUSTAINED_NIC)
+
+
 def test_across_nodes_a_whole_node_drives_all_its_cards():
-    """2 DGX H100s, dp over all 16: 8 members per node, 8 cards of 0.8 x 50 GB/s: the ring's
-    bandwidth is min(NVLink 360, 8 x 40 = 320) GB/s, each step paying the card's latency."""
+    """2 DGX H100s, dp over all 16: 8 members per node, 8 cards of 0.95 x 50 GB/s: the
+    ring's bandwidth is min(NVLink 360, 8 x 47.5 = 380) GB/s, each step paying the card's
+    latency."""
     c = replace(sim.h100_infiniband(2), nvls=False)
     assert col.members_per_node(c, 16, 1) == 8
     link = col.ring_link(c, 16, 1)
-    assert link.bandwidth_Bps == pytest.approx(320e9) and link.latency_s == 8e-6
+    assert link.bandwidth_Bps == pytest.approx(360e9) and link.latency_s == 8e-6
     assert col.all_reduce_time(c, GiB, 16) == pytest.approx(
-        2 * 15 * 8e-6 + 2 * 15 / 16 * GiB / 320e9)
+        2 * 15 * 8e-6 + 2 * 15 / 16 * GiB / 360e9)
     # dp across nodes of a tp-8 mesh: one member per node, one card
     assert col.members_per_node(c, 2, 8) == 1
-    assert col.ring_link(c, 2, 8).bandwidth_Bps == pytest.approx(40e9)
+    assert col.ring_link(c, 2, 8).bandwidth_Bps == pytest.approx(CARD)
     # tp 2 inside, dp 8 across the two nodes: 4 members a node, 4 cards
-    assert col.ring_link(c, 8, 2).bandwidth_Bps == pytest.approx(160e9)
+    assert col.ring_link(c, 8, 2).bandwidth_Bps == pytest.approx(4 * CARD)
     # one card per ring, as before, was ~8x slower for the whole-node group (the latencies
     # are the same)
     one_card = sim.all_reduce_s(GiB, 16, c.inter)
-    assert one_card / col.all_reduce_time(c, GiB, 16) == pytest.approx(8, rel=0.05)
+    assert one_card / col.all_reduce_time(c, GiB, 16) == pytest.approx(360e9 / CARD, rel=0.05)
 
 
 def test_fewer_cards_than_devices_share_them():
     c = replace(sim.h100_infiniband(2), nvls=False, nics_per_node=4)
     assert col.cards_per_device(c) == 0.5
-    assert col.ring_link(c, 16, 1).bandwidth_Bps == pytest.approx(4 * 40e9)
+    assert col.ring_link(c, 16, 1).bandwidth_Bps == pytest.approx(4 * CARD)
 
 
 @pytest.mark.parametrize("n,published", [(4, 370), (5, 420), (6, 440), (7, 460), (8, 480)])
@@ -65,7 +69,7 @@ def test_nvlink_sharp_reaches_the_bus_bandwidth_nccl_measured(n, published):
 def test_nvls_across_nodes_runs_the_slower_of_its_two_parts():
     c = sim.h100_infiniband(2)
     inside = 2 * 3e-6 + GiB * (1 + 1 / 8) / (0.86 * 360e9)
-    across = sim.all_reduce_s(GiB / 8, 2, sim.Link(8e-6, 40e9))
+    across = sim.all_reduce_s(GiB / 8, 2, sim.Link(8e-6, CARD))
     ring = col.all_reduce_time(replace(c, nvls=False), GiB, 16)
     assert col.all_reduce_time(c, GiB, 16) == pytest.approx(min(max(inside, across), ring))
     # no in-switch reduction with one member a node
@@ -74,7 +78,7 @@ def test_nvls_across_nodes_runs_the_slower_of_its_two_parts():
 
 def test_half_a_ring_for_reduce_scatter_and_all_gather():
     c = replace(sim.h100_infiniband(2), nvls=False)
-    assert col.half_ring_time(c, GiB, 16) == pytest.approx(15 * 8e-6 + 15 / 16 * GiB / 320e9)
+    assert col.half_ring_time(c, GiB, 16) == pytest.approx(15 * 8e-6 + 15 / 16 * GiB / 360e9)
     assert col.half_ring_time(c, GiB, 1) == 0.0
 
 

@@ -429,3 +429,43 @@ def data_parallel_quickest_here(m: dict):
         t = [x["measured_s"] for x in dp]
         why += f"; the two measurements of dp {m['ranks']} differed {max(t) / min(t):.2f}x"
     return margin >= DP_MARGIN, figures, why
+
+
+# ------------------------------------------------------------------ the model on published runs
+HELD_OUT_SHARE = 0.80      # of the expressible held-out runs, predicted within 15 %
+
+
+def held_out_numbers() -> dict:
+    """The cost model's prediction of every held-out published run (``sim.validate``: the
+    runs it was never tuned on), as the lesson reads them."""
+    from ..sim import published_runs, validate
+    results = validate.outcomes(published_runs.held_out())
+    done = [o for o in results if o.predicted is not None]
+    return {"errors": {o.run.id: o.error for o in done},
+            "missing": {o.run.id: o.note for o in results if o.predicted is None},
+            "target": validate.TARGET}
+
+
+@lessons.lesson("07.model_holds_on_held_out_runs",
+                "on published runs it was never tuned on (the held-out half of 94 papers' "
+                "and maintainers' figures, split before any prediction), the cost model "
+                "predicts at least 80 % of those it can express within 15 %",
+                held_out_numbers)
+def model_holds_on_held_out_runs(m: dict):
+    import statistics
+    errors, target = m["errors"], m["target"]
+    inside = [k for k, e in errors.items() if abs(e) <= target]
+    share_in = len(inside) / max(len(errors), 1)
+    worst = sorted(errors, key=lambda k: -abs(errors[k]))[:3]
+    figures = (f"{len(inside)} of {len(errors)} expressible held-out runs within "
+               f"{target:.0%} ({share_in:.0%}), median error "
+               f"{statistics.median(abs(e) for e in errors.values()):.1%}; furthest: "
+               + ", ".join(f"{k} {errors[k]:+.0%}" for k in worst)
+               + f"; {len(m['missing'])} not expressible ({', '.join(m['missing'])})")
+    return (share_in >= HELD_OUT_SHARE, figures,
+            "the model misses more of them than the claim allows")
+
+
+def show_held_out() -> None:
+    """Lab 07's line: the held-out runs predicted now, and the lesson's verdict."""
+    lessons.show("07.model_holds_on_held_out_runs", held_out_numbers())

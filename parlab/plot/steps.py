@@ -11,11 +11,12 @@ def _part_colors():
     from ..trace import COMPUTE, IDLE
     return {"compute": plot.COLORS[COMPUTE], "bubble": plot.COLORS[IDLE],
             "tp": plot.AXIS_COLORS["tp"], "pp": plot.AXIS_COLORS["pp"],
-            "dp": plot.AXIS_COLORS["dp"]}
+            "dp": plot.AXIS_COLORS["dp"], "update": plot.PHASES["update"]}
 
 
 PART_LABELS = {"compute": "compute", "bubble": "pipeline bubble (idle)",
-               "tp": "tp all-reduces", "pp": "pp sends", "dp": "dp all-reduce"}
+               "tp": "tp all-reduces", "pp": "pp sends", "dp": "dp all-reduce",
+               "update": "optimizer update"}
 
 
 def plot_step_parts(entries, *, title: str, ax=None, unit: str = "ms"):

@@ -4,7 +4,9 @@ Everything here is predicted from a handful of numbers about a model and a clust
 labelled so wherever it is shown. Framework-free: no torch, no tensorflow. Modules:
 ``layers`` (one layer's numbers; linear, convolution, pooling, up-convolution, concat),
 ``network`` (a model as layers and skip connections), ``convnets`` (a U-Net, an
-AmoebaNet-like network), ``blocks`` (GPT and Llama-style transformer blocks), ``gemm``
+AmoebaNet-like network, torchgpipe's U-Net), ``imagenet`` (VGG-16, ResNet, Inception-v3,
+AmoebaNet-D as their reference code builds them), ``blocks`` (GPT and Llama-style
+transformer blocks), ``gemm``
 (a matrix product's seconds by its shape), ``costs`` (a layer pass's seconds),
 ``links`` and ``collectives`` (alpha-beta links; rings inside a node, across nodes over
 every card, NVLink SHARP), ``sharding`` (ZeRO 1-3 / FSDP in the step), ``stage`` (the
@@ -12,8 +14,10 @@ mesh, one stage's passes), ``engine`` (ranks' programs run on paper),
 ``program`` (what the strategy functions share: the mesh, a stage's passes, schedules,
 every rank's step program), ``timelines`` (one function per strategy; ``servers``: lab
 06's; ``strategies``: by name), ``memory``, ``clusters`` (presets with their sources),
-``published`` (checks against papers), ``model`` (the summary model), ``calibrate``
-(fits to what a lab measured), ``checks`` (every input checked where it enters).
+``published`` (checks against papers), ``published_runs`` (94 published runs, split into
+a fitting and a held-out set), ``validate`` (the model's prediction of each), ``model``
+(clusters, workloads), ``summary`` (the summary model), ``calibrate`` (fits to what a
+lab measured), ``checks`` (every input checked where it enters).
 
 Inputs
     ``Network``     a model as layers: ``Network.mlp(sizes, optimizer="sgd")``,
@@ -32,7 +36,9 @@ Inputs
                     cards; ``nvls``: NVLink SHARP). Presets:
                     ``t4_pcie()``, ``a100_nvlink()``, ``h100_nvlink()``,
                     ``h100_infiniband(nodes)``, ``h100_nodes(nodes)`` (one of the two),
-                    ``v100_dgx2h()``, ``gpu_presets()``; this
+                    ``v100_dgx2h()``, ``gpu_presets()``; the published runs' machines
+                    (``clusters.v100_dgx1``, ``a800_nodes``, ``a100_omnipath``,
+                    ``a100_ethernet``, ``p100_pcie``, ``p100_roce``, ``p40_pcie``); this
                     machine: ``parlab.course.calibrate.measure_this_machine()`` (one launch:
                     lab 00's link sweep and lab 01's step), ``calibrate.this_machine(link,
                     flops=...)`` (what a lab measured) or ``calibrated(calibration, sizes)``
@@ -75,13 +81,16 @@ cluster=, zero=, recompute=, sequence_parallel=)`` -> the busiest device's ``Mem
 ``check()`` raises ``DoesNotFit`` naming what to change); ``memory_per_device`` (one per
 stage), ``parameter_server_memory``.
 
-Checked against papers: ``published.checks()`` / ``published.lines()`` (GPipe Table 2,
-Megatron-LM's 8-way weak scaling, nccl-tests' bus bandwidth); against this machine:
-``python -m parlab bench --only sim``.
+Checked against papers: ``published.checks()`` / ``published.lines()`` (in-sample: GPipe
+Table 2, Megatron-LM's 8-way weak scaling, nccl-tests' bus bandwidth); against 94
+published runs split into a fitting and a held-out set before any prediction:
+``validate.lines()`` (held out, predicted once: 41 of 47 expressible within 15 %, median
+error 6.2 %); against this machine: ``python -m parlab bench --only sim``.
 
-The summary model of lab 07 stays: ``Workload``, ``Plan``, ``predict`` -> ``Prediction``,
-``plans``, ``calibrated``, ``with_links``, ``presets`` (language models), and the closed
-forms ``send_s``, ``all_reduce_s``, ``bubble``.
+The summary model (lab 07, and runs of thousands of GPUs): ``Workload``, ``Plan``,
+``predict(w, cluster, plan, batch, overlap_dp=, zero=, sharding=, chunks=, bounds=,
+overlap_tp=)`` -> ``Prediction``, ``plans``, ``calibrated``, ``with_links``, ``presets``
+(language models), and the closed forms ``send_s``, ``all_reduce_s``, ``bubble``.
 """
 from . import calibrate, clusters, published
 from .clusters import (a100_nvlink, gpu_presets, h100_infiniband, h100_nodes, h100_nvlink,

@@ -23,7 +23,9 @@ units (gated: SwiGLU's three matrices, Shazeer, 2020), on a sequence of s tokens
   whole the two norms' inputs 4sh, the inputs of QKV and of the MLP 4sh, and with
   dropout its two masks 2sh (what sequence parallelism splits). With flash attention
   (Dao et al., 2022) the s^2 tensors are never stored (4 a s bytes of softmax
-  statistics are) and the scores are recomputed in the backward pass.
+  statistics are) and the scores are recomputed in the backward pass: one more s x s x d
+  product per head there (``Layer.backward_gemms``; Dao et al., 2022, algorithm 4: the
+  backward runs five products where a stored softmax needs four).
 * element-wise bytes, read + written: softmax (and scaling, and dropout) over a s^2
   scores (none with flash attention: fused on chip), the MLP's activation over sf (gated
   5sf: SiLU, and the product's two reads and one write), rotary embeddings over Q and K;
@@ -42,9 +44,10 @@ AB = 2                     # bytes per activation element (fp16 / bf16)
 def block(name: str, seq: int, hidden: int, heads: int, *, kv_heads: int | None = None,
           ffn: int | None = None, gated: bool = False, norm: str = "layernorm",
           bias: bool = True, dropout: bool = True, rotary: bool = False,
-          flash: bool = False) -> Layer:
-    """One transformer block per sequence (see the module doc)."""
-    s, h, a = seq, hidden, heads
+          flash: bool = False, act_bytes: int = AB) -> Layer:
+    """One transformer block per sequence (see the module doc); act_bytes: 4 for a block
+    trained in float32 (every tensor kept or moved twice as large)."""
+    s, h, a, ab = seq, hidden, heads, act_bytes
     kv = a if kv_heads is None else kv_heads
     if h % a or a % kv:
         raise ValueError(f"hidden={h} must divide into heads={a}, and heads into "
@@ -65,32 +68,36 @@ def block(name: str, seq: int, hidden: int, heads: int, *, kv_heads: int | None 
              Gemm(s, h, f, split="k"))
     flops = sum(g.flops for g in gemms)
     # kept for backward, bytes (Korthikanti et al., 2022, section 4.1, generalised)
+    # (written for 2-byte activations, as the paper counts them; w scales them to ab)
+    w = ab / 2
     if flash:
         attention = 4.0 * a * s                       # the softmax's statistics, float32
     else:
-        attention = 2.0 * a * s * s + (3.0 * a * s * s if dropout else 0.0)
-    split = (2 * s * h + 4 * s * kvd) + attention + 2 * s * h + (6 if gated else 4) * s * f
-    replicated = 4 * s * h + 4 * s * h + (2 * s * h if dropout else 0)
+        # the softmax's output, and with dropout its 1-byte mask and its output
+        attention = w * 2.0 * a * s * s + ((1.0 + 2.0 * w) * a * s * s if dropout else 0.0)
+    split = w * (2 * s * h + 4 * s * kvd + 2 * s * h + (6 if gated else 4) * s * f) + attention
+    replicated = w * (4 * s * h + 4 * s * h) + (2 * s * h if dropout else 0)
     # element-wise traffic, bytes read + written
-    softmax = 0.0 if flash else AB * 2.0 * a * s * s * (3 if dropout else 2)
-    mlp = AB * (5.0 if gated else 2.0) * s * f
-    rope = AB * 2.0 * (s * h + s * kvd) if rotary else 0.0
-    repeated = AB * (2 * 2 + 2 * 3 + (2 * 2 if dropout else 0)) * s * h
+    softmax = 0.0 if flash else ab * 2.0 * a * s * s * (3 if dropout else 2)
+    mlp = ab * (5.0 if gated else 2.0) * s * f
+    rope = ab * 2.0 * (s * h + s * kvd) if rotary else 0.0
+    repeated = ab * (2 * 2 + 2 * 3 + (2 * 2 if dropout else 0)) * s * h
     return Layer(name, matrices + biases + norms, flops, out_elems=s * h,
-                 saved_elems=split / AB, elementwise_bytes=softmax + mlp + rope,
+                 saved_elems=split / ab, elementwise_bytes=softmax + mlp + rope,
                  replicated_bytes=repeated, tp_all_reduces=2, gemms=gemms,
-                 saved_replicated_elems=replicated / AB, attention_elems=attention / AB,
-                 attention_bytes=softmax)
+                 saved_replicated_elems=replicated / ab, attention_elems=attention / ab,
+                 attention_bytes=softmax, backward_gemms=gemms[1:2] if flash else ())
 
 
-def embedding(seq: int, hidden: int, vocab: int) -> Layer:
+def embedding(seq: int, hidden: int, vocab: int, *, act_bytes: int = AB) -> Layer:
     """The token embedding (vocab x h, split over tp by vocabulary; its output all-reduced,
     Megatron-LM's VocabParallelEmbedding): a lookup, no matrix work; keeps nothing."""
     return Layer("embedding", vocab * hidden, 0.0, out_elems=seq * hidden, saved_elems=0.0,
-                 elementwise_bytes=AB * 2.0 * seq * hidden, tp_all_reduces=1)
+                 elementwise_bytes=act_bytes * 2.0 * seq * hidden, tp_all_reduces=1)
 
 
-def head(seq: int, hidden: int, vocab: int, *, tied: bool, norm: str = "layernorm") -> Layer:
+def head(seq: int, hidden: int, vocab: int, *, tied: bool, norm: str = "layernorm",
+         act_bytes: int = AB) -> Layer:
     """The final norm and the logits (s x V x h, split by vocabulary; tied: the embedding's
     matrix, no parameters of its own). Kept: the norm's and the product's inputs (whole on
     every tp rank) and the softmax of the logits in float32 for the loss, 4 s V bytes
@@ -100,7 +107,7 @@ def head(seq: int, hidden: int, vocab: int, *, tied: bool, norm: str = "layernor
     gemm = Gemm(seq, vocab, hidden, split="n")
     params = (0 if tied else vocab * hidden) + (2 if norm == "layernorm" else 1) * hidden
     return Layer("head", params, gemm.flops, out_elems=seq * hidden,
-                 saved_elems=4.0 * seq * vocab / AB,
+                 saved_elems=4.0 * seq * vocab / act_bytes,
                  elementwise_bytes=(4.0 + 4.0) * seq * vocab,      # softmax: float32 r + w
-                 replicated_bytes=AB * 2.0 * seq * hidden, tp_all_reduces=1, gemms=(gemm,),
+                 replicated_bytes=act_bytes * 2.0 * seq * hidden, tp_all_reduces=1, gemms=(gemm,),
                  saved_replicated_elems=2.0 * seq * hidden)

@@ -125,3 +125,75 @@ def _network(cls, name, layers, in_elems, act_bytes, optimizer, skips):
     state, update = optimizer_state(optimizer, act_bytes)
     return cls(name, tuple(layers), in_elems, act_bytes, state, grad_wire_bytes=act_bytes,
                update_bytes=update, skips=tuple(skips))
+
+
+def unet_stacked(cls, image: int = 192, in_channels: int = 3, classes: int = 1,
+                 base: int = 64, depth: int = 5, convs: int = 5, *, name=None,
+                 act_bytes: int = 4, optimizer: str = "sgd"):
+    """The "simplified U-Net" of torchgpipe's benchmarks (kakaobrain/torchgpipe,
+    benchmarks/models/unet), one layer per module of its flattened nn.Sequential (241 at
+    depth 5 and 5 convolutions a cell), so that its published balances apply as they are.
+
+    A cell is ``convs`` 3 x 3 convolutions (no bias), each followed by 2-d dropout,
+    instance normalisation and a leaky ReLU (four modules). Encoder level d: a cell from
+    the level's input to base 2^d channels, an identity that stashes the skip, 2 x 2 max
+    pooling; the bottleneck: a cell through base 2^depth channels back to base
+    2^(depth - 1); decoder level d (deepest first): nearest-neighbour upsampling by 2, the
+    concat with level d's skip, a cell from base 2^(d + 1) channels through base 2^(d - 1);
+    a final 1 x 1 convolution to ``classes``.
+    """
+    from .layers import Parts
+    ab, layers, skips, stash = act_bytes, [], [], {}
+
+    def add(p: Parts, label: str, out: float) -> int:
+        layers.append(p.layer(label, out))
+        return len(layers) - 1
+
+    def cell(label: str, s: int, c_in: int, mid: int, c_out: int) -> None:
+        widths = [c_in] + [mid] * (convs - 1) + [c_out]
+        for k, (a, b) in enumerate(zip(widths, widths[1:])):
+            out = b * s * s
+            p = Parts(ab)
+            p.conv(s, s, a, b, 3)
+            add(p, f"{label}.conv{k}", out)
+            p = Parts(ab)
+            p.copy(out)                                    # dropout: read, write (and a mask)
+            p.saved += out / ab                            # its 1-byte mask
+            add(p, f"{label}.dropout{k}", out)
+            p = Parts(ab)
+            p.norm(out, b, affine=False)
+            add(p, f"{label}.norm{k}", out)
+            p = Parts(ab)
+            p.relu(out)
+            p.saved += out
+            add(p, f"{label}.relu{k}", out)
+
+    c_in = in_channels
+    for d in range(depth):
+        s, c = image >> d, base << d
+        cell(f"enc{d}", s, c_in, c, c)
+        stash[d] = add(Parts(ab), f"enc{d}.stash", c * s * s)
+        p = Parts(ab)
+        p.pool(c * s * s, c * (s // 2) ** 2)
+        add(p, f"enc{d}.pool", c * (s // 2) ** 2)
+        c_in = c
+    s = image >> depth
+    cell("bottleneck", s, c_in, base << depth, base << (depth - 1))
+    c_low = base << (depth - 1)
+    for d in reversed(range(depth)):
+        s = image >> d
+        p = Parts(ab)
+        p.bytes += ab * (c_low * (s // 2) ** 2 + c_low * s * s)     # nearest upsampling
+        add(p, f"dec{d}.up", c_low * s * s)
+        p = Parts(ab)
+        skip = base << d
+        p.copy((c_low + skip) * s * s)
+        skips.append((stash[d], add(p, f"dec{d}.concat", (c_low + skip) * s * s)))
+        c_out = max((base << d) // 2, 1)
+        cell(f"dec{d}", s, c_low + skip, c_out, c_out)
+        c_low = c_out
+    p = Parts(ab)
+    p.conv(image, image, c_low, classes, 1)
+    add(p, "segment", classes * image * image)
+    return _network(cls, name or f"U-Net ({depth}, {convs}) {image}px base {base}", layers,
+                    in_channels * image * image, ab, optimizer, skips)

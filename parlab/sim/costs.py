@@ -13,7 +13,8 @@ shard)``, ``backward_s(...)`` and ``update_s(params)``:
   tensor parallelism runs below the full rate; otherwise (or for a layer without
   ``gemms``) ``max(flops / rate, bytes / bandwidth)`` (the roofline, Williams, Waterman
   & Patterson, 2009). Backward: each product becomes two (a gradient for the input and
-  one for the weights: twice the FLOPs), the element-wise bytes twice.
+  one for the weights: twice the FLOPs), the element-wise bytes twice, plus what the
+  layer recomputes there (``Layer.backward_gemms``: flash attention's scores).
 * :class:`Measured`: seconds measured here, per layer at one batch size (or fitted over
   two: a fixed part per pass and a part per sample). ``from_timeline`` turns a measured
   single-device Timeline into them.
@@ -54,12 +55,15 @@ class Roofline:
     def _matmul_s(self, i: int, batch: float, shard: int, factor: float) -> float:
         layer, c, ab = self.net.layers[i], self.cluster, self.net.act_bytes
         unit = getattr(c, "matrix", None)
+        again = layer.backward_gemms if factor > 1 else ()     # flash attention's scores
         if unit is not None and layer.gemms:
-            return pass_s(unit, layer.gemms, batch, shard, ab, backward=factor > 1)
+            return pass_s(unit, layer.gemms, batch, shard, ab, backward=factor > 1) + \
+                pass_s(unit, again, batch, shard, ab)
         matmul_bytes = (layer.params * ab + (layer.out_elems + _in_elems(self.net, i))
                         * batch * ab) / shard
         return factor * max(layer.flops * batch / shard / c.flops,
-                            matmul_bytes / c.memory_bandwidth_Bps)
+                            matmul_bytes / c.memory_bandwidth_Bps) + \
+            sum(g.flops for g in again) * batch / shard / c.flops
 
     def _elementwise_bytes(self, layer, shard: int) -> float:
         """Per sample: the element-wise work tp slices, and the work every tp rank repeats

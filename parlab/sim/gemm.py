@@ -21,14 +21,24 @@ SMs, PyTorch 2.11 with CUDA 13.0's cuBLAS, bf16, 2026-11-25): every M, N, K of 1
 16384 (``data/gemm_h100_bf16.csv``, made by ``scripts/measure_gemm.py``). Of the 586
 products that took 0.1 ms or more, the model's time is within 15 % for 95 % (median
 error 3 %); attention's batched products (``data/bmm_h100_bf16.csv``) within 12 %
-(median); 3 x 3 convolutions (cuDNN, ``data/conv_h100_bf16.csv``) within 15 % at 128
-channels or more, and up to 1.8x slow at 32-64 channels, where cuDNN has kernels of its
-own. Smaller products are dominated by the launch (about 5-30 us a call here), which the
-cost model counts as its fixed cost per layer pass. The same tiles and K0 serve the other
+(median); 3 x 3 convolutions (cuDNN, ``data/conv_h100_bf16.csv``) of 0.1 ms or more
+within 15 % from 32 channels up, with one more tile for them (CONV_TILES), and up to
+several times fast at 16 channels, where cuDNN has kernels of its own. Smaller products
+are dominated by the launch (about 5-30 us a call here), which the cost model counts as
+its fixed cost per layer pass. The same tiles and K0 serve the other
 GPUs, with their own SMs and rate: an assumption (the libraries share their design).
+
+Winograd: on GPUs without tensor cores (float32 on Pascal), cuDNN runs 3 x 3 convolutions
+of stride 1 by Winograd's minimal filtering F(2 x 2, 3 x 3) (Lavin & Gray, 2016, "Fast
+algorithms for convolutional neural networks", section 4: 16 multiplications for a 2 x 2
+output tile instead of 36, 2.25x fewer; cuDNN 5 and later; frameworks that autotune pick
+it), its transforms fused on chip as in Lavin & Gray's kernels: such a product's
+multiplications divide by ``MatrixUnit.winograd`` (2.25 there, 1 on tensor-core GPUs,
+whose convolutions run as implicit matrix products).
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -36,7 +46,12 @@ from .checks import amount, count
 
 # (tm, tn, efficiency per SM): the large tiles run at the full rate, the small ones do not
 TILES = ((128, 256, 1.0), (128, 128, 1.0), (64, 128, 0.5), (256, 64, 0.8), (256, 32, 0.4))
+# cuDNN's implicit-GEMM convolutions also have narrow tiles at the full rate: with a
+# 128 x 64 tile the model's 3 x 3 convolutions of 32 and 64 channels in
+# data/conv_h100_bf16.csv go from 1.16-1.21x too slow to 0.92-0.96 (fitted there)
+CONV_TILES = TILES + ((128, 64, 1.0),)
 K_OVERHEAD = 320              # K0: a tile's cost beyond its K loop, in K steps (fitted)
+WINOGRAD_F2X2_3X3 = 36 / 16   # multiplications of a 2 x 2 output tile, direct over Winograd
 SPLITS = (1, 2, 4, 8, 16)     # split-K: K divided among this many tiles
 MIN_SPLIT_K = 256             # no split leaves fewer K steps to a tile
 
@@ -49,6 +64,7 @@ class MatrixUnit:
     sms: int
     rate: float
     memory_bandwidth_Bps: float
+    winograd: float = 1.0      # how many times fewer multiplications a 3 x 3 convolution needs
 
     def __post_init__(self):
         count("MatrixUnit", "sms", self.sms)
@@ -56,11 +72,16 @@ class MatrixUnit:
         amount("MatrixUnit", "memory_bandwidth_Bps", self.memory_bandwidth_Bps,
                unit="bytes per second", positive=True)
 
-    def compute_s(self, m: float, n: float, k: float, batch: float = 1) -> float:
-        """Seconds of ``batch`` independent m x n x k products, from tiles and waves."""
+    def compute_s(self, m: float, n: float, k: float, batch: float = 1, *,
+                  tiles=TILES) -> float:
+        """Seconds of ``batch`` independent m x n x k products, from tiles and waves
+        (remembered: a timeline prices the same shapes once per micro-batch)."""
+        return _compute_s(self, m, n, k, batch, tiles)
+
+    def _compute_s(self, m: float, n: float, k: float, batch: float, tiles) -> float:
         per_sm = self.rate / self.sms
         best = math.inf
-        for tm, tn, eff in TILES:
+        for tm, tn, eff in tiles:
             tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
             for split in SPLITS:
                 if split > 1 and (k / split < MIN_SPLIT_K or batch > 1):
@@ -73,19 +94,28 @@ class MatrixUnit:
         return best
 
     def seconds(self, m: float, n: float, k: float, *, batch: float = 1,
-                nbytes: float | None = None, elem_bytes: int = 2) -> float:
-        """A product's seconds: the slower of its tiles' compute and its bytes over the
-        memory bandwidth (default bytes: A, B and C once each, ``elem_bytes`` each)."""
+                nbytes: float | None = None, elem_bytes: int = 2, conv: bool = False,
+                winograd: bool = False) -> float:
+        """A product's seconds: the slower of its tiles' compute (a convolution's with
+        CONV_TILES, over ``self.winograd`` for a 3 x 3 one of stride 1) and its bytes over
+        the memory bandwidth (default bytes: A, B and C once each, ``elem_bytes`` each)."""
         if m <= 0 or n <= 0 or k <= 0:
             return 0.0
         if nbytes is None:
             nbytes = batch * elem_bytes * (m * k + k * n + m * n)
-        return max(self.compute_s(m, n, k, batch), nbytes / self.memory_bandwidth_Bps)
+        fewer = self.winograd if winograd else 1.0
+        compute = self.compute_s(m, n, k, batch, tiles=CONV_TILES if conv else TILES)
+        return max(compute / fewer, nbytes / self.memory_bandwidth_Bps)
 
     def efficiency(self, m: float, n: float, k: float, batch: float = 1) -> float:
         """Achieved over maximum rate for one shape (0 .. 1)."""
         t = self.seconds(m, n, k, batch=batch)
         return 2.0 * m * n * k * batch / t / self.rate if t else 0.0
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _compute_s(unit: MatrixUnit, m, n, k, batch, tiles) -> float:
+    return unit._compute_s(m, n, k, batch, tiles)
 
 
 def layer_products(gemm, batch: float, shard: int) -> list[tuple]:
@@ -112,15 +142,17 @@ def pass_s(unit: MatrixUnit, gemms, batch: float, shard: int, elem_bytes: int,
     Backward, each forward product C = A B becomes two: dA = dC B^T (m x k x n) and
     dB = A^T dC (k x n x m) (for weights, m spans the whole batch: the weights' gradient
     sums over it). Bytes: each product's activations (and weights) read or written once.
+    A convolution's two backward products are convolutions too (Winograd applies).
     """
     total = 0.0
     for g in gemms:
         for m, n, k, b, a_elems in layer_products(g, batch, shard):
             c_elems, w_elems = m * n * b, k * n * (1 if g.weights else b)
             nbytes = elem_bytes * (a_elems + c_elems + w_elems)
+            how = {"winograd": g.winograd, "conv": g.a_elems > 0}   # a_elems: convolutions
             if not backward:
-                total += unit.seconds(m, n, k, batch=b, nbytes=nbytes)
+                total += unit.seconds(m, n, k, batch=b, nbytes=nbytes, **how)
             else:
-                total += unit.seconds(m, k, n, batch=b, nbytes=nbytes)
-                total += unit.seconds(k, n, m, batch=b, nbytes=nbytes)
+                total += unit.seconds(m, k, n, batch=b, nbytes=nbytes, **how)
+                total += unit.seconds(k, n, m, batch=b, nbytes=nbytes, **how)
     return total

@@ -50,6 +50,8 @@ class Gemm:
     actually read (0: m k; a convolution reads its input once, not k^2 times). split:
     what tensor parallelism slices: "n" (column-parallel, output features), "k"
     (row-parallel, input features), "count" (attention heads), None (repeated whole).
+    winograd: a 3 x 3 convolution of stride 1, which a library may run with Winograd's
+    minimal filtering (fewer multiplications: ``gemm.MatrixUnit.winograd``).
     """
 
     m: float
@@ -59,6 +61,7 @@ class Gemm:
     weights: bool = True
     a_elems: float = 0.0
     split: str | None = "n"
+    winograd: bool = False
 
     def __post_init__(self):
         for name in ("m", "n", "k", "count"):
@@ -98,6 +101,8 @@ class Layer:
     saved_replicated_elems: float = 0.0
     attention_elems: float = 0.0
     attention_bytes: float = 0.0
+    backward_gemms: tuple = ()       # products the backward runs besides the two of each
+                                     # forward one (flash attention's recomputed scores)
 
     def __post_init__(self):
         owner = f"Layer {self.name!r}"
@@ -107,7 +112,7 @@ class Layer:
                      "replicated_bytes", "saved_replicated_elems", "attention_elems",
                      "attention_bytes"):
             amount(owner, name, getattr(self, name))
-        if not all(isinstance(g, Gemm) for g in self.gemms):
+        if not all(isinstance(g, Gemm) for g in self.gemms + self.backward_gemms):
             raise ValueError(f"{owner}: gemms must be Gemm, got {self.gemms!r}")
 
 
@@ -123,7 +128,8 @@ def conv2d(name: str, h: int, w: int, c_in: int, c_out: int, k: int = 3, *, stri
     """A k x k convolution with "same" padding (and its ReLU): see the module doc."""
     ho, wo = _strided(h, stride), _strided(w, stride)
     out = c_out * ho * wo
-    gemm = Gemm(ho * wo, c_out, k * k * c_in, a_elems=c_in * h * w)
+    gemm = Gemm(ho * wo, c_out, k * k * c_in, a_elems=c_in * h * w,
+                winograd=k == 3 and stride == 1)
     return Layer(name, k * k * c_in * c_out + c_out, gemm.flops, out_elems=out,
                  saved_elems=c_in * h * w + out * relu,
                  elementwise_bytes=act_bytes * 2.0 * out * relu, gemms=(gemm,))
@@ -183,3 +189,59 @@ def _strided(size: int, stride: int) -> int:
     if size % stride:
         raise ValueError(f"a size of {size} does not divide by the stride {stride}")
     return size // stride
+
+
+class Parts:
+    """A layer built from its parts (a residual block, an Inception module, an AmoebaNet
+    cell, or one module of a sequential model): each call adds one operation's numbers,
+    per sample, and ``layer`` sums them. Convolutions are implicit matrix products that
+    read their input once (as ``conv2d``); a normalisation (batch or instance) reads its
+    input twice (statistics, then normalising) and writes once, and keeps its input; a
+    ReLU reads and writes once (what it keeps is the next operation's input, counted
+    there); pooling reads its input and writes its output, and keeps its input; an add
+    reads two and writes one; a concat copies."""
+
+    def __init__(self, act_bytes: int = 4):
+        self.ab, self.gemms, self.params, self.saved, self.bytes = act_bytes, [], 0, 0.0, 0.0
+
+    def conv(self, h: int, w: int, c_in: int, c_out: int, kh: int, kw: int | None = None, *,
+             stride=1, pad=None, bias: bool = False) -> tuple[int, int]:
+        """A kh x kw convolution (stride an int or (rows, columns); pad default "same"):
+        returns the output's (height, width)."""
+        kw = kh if kw is None else kw
+        sh, sw = (stride, stride) if isinstance(stride, int) else stride
+        ph, pw = ((kh - 1) // 2, (kw - 1) // 2) if pad is None else (pad, pad)
+        ho, wo = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
+        self.gemms.append(Gemm(ho * wo, c_out, kh * kw * c_in, a_elems=c_in * h * w,
+                               winograd=kh == kw == 3 and sh == sw == 1))
+        self.params += kh * kw * c_in * c_out + (c_out if bias else 0)
+        self.saved += c_in * h * w
+        return ho, wo
+
+    def norm(self, elems: float, channels: int, *, affine: bool = True) -> None:
+        self.params += 2 * channels if affine else 0
+        self.bytes += 3.0 * self.ab * elems
+        self.saved += elems
+
+    def relu(self, elems: float) -> None:
+        self.bytes += 2.0 * self.ab * elems
+
+    def pool(self, in_elems: float, out_elems: float) -> None:
+        self.bytes += self.ab * (in_elems + out_elems)
+        self.saved += in_elems
+
+    def add(self, elems: float) -> None:
+        self.bytes += 3.0 * self.ab * elems
+
+    def copy(self, elems: float) -> None:
+        self.bytes += 2.0 * self.ab * elems
+
+    def linear(self, a: int, b: int) -> None:
+        self.gemms.append(Gemm(1, b, a))
+        self.params += a * b + b
+        self.saved += a
+
+    def layer(self, name: str, out_elems: float) -> Layer:
+        gemms = tuple(self.gemms)
+        return Layer(name, self.params, sum(g.flops for g in gemms), out_elems=out_elems,
+                     saved_elems=self.saved, elementwise_bytes=self.bytes, gemms=gemms)

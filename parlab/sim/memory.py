@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from ..errors import counted
 from .costs import Network, Roofline
 from .program import Mesh, Stage, divides, stage_layers, stage_orders
-from .sharding import check_zero
+from .sharding import check_zero, sharded_states
 
 GB = 1e9
 
@@ -125,8 +125,6 @@ def memory_per_device(net: Network, batch: int, *, dp: int = 1, tp: int = 1, pp:
     cuts = stage_layers(net, costs, pp * chunks, bounds, mb)
     ops = stage_orders(schedule, pp, m, chunks) if pp > 1 else [[("F", 0, 0), ("B", 0, 0)]]
     st, out = net.state, []
-    shard = {k: (dp if zero >= stage else 1) for k, stage in
-             (("params", 3), ("grads", 2), ("optimizer", 1))}
     for s in range(pp):
         parts = [Stage(net, costs, cuts[c * pp + s], mesh, scheme) for c in range(chunks)]
         params = sum(p.params() for p in parts)
@@ -141,11 +139,10 @@ def memory_per_device(net: Network, batch: int, *, dp: int = 1, tp: int = 1, pp:
         # PipeDream stashes a version of the weights per micro-batch in flight, p - s on
         # stage s (Narayanan et al., 2019, section 3.3)
         stash = pp - s if schedule == "pipedream" else 1
+        kept = sharded_states(params, st, dp, zero)
         out.append(Memory(f"stage {s}" if pp > 1 else "each device",
-                          stash * params * st["params"] / shard["params"],
-                          params * st["grads"] / shard["grads"],
-                          params * st["optimizer"] / shard["optimizer"], acts, capacity,
-                          buffers))
+                          stash * kept["params"], kept["grads"], kept["optimizer"], acts,
+                          capacity, buffers))
     return out
 
 

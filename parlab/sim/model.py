@@ -1,7 +1,8 @@
-"""The summary cost model (lab 07): which plans fit in memory, how long a step would take.
+"""The cost model's inputs: clusters (devices and links), workloads, calibration, presets.
 
-One number per part of a step (compute, bubble, tp, pp, dp) rather than a timeline
-(``sim.timelines`` draws those); the links, clusters and closed forms here serve both.
+The summary model that turns them into one number per part of a step (compute, bubble,
+tp, pp, dp) is ``sim.summary`` (``predict``, ``Plan``; importable from here as before);
+``sim.timelines`` draws timelines; the links, clusters and closed forms here serve both.
 
 Everything here is a PREDICTION, from a handful of numbers about a model and a cluster;
 labs print and plot it labelled as such, next to what was measured where they can.
@@ -31,11 +32,10 @@ from dataclasses import dataclass, field, replace
 from ..metrics import fit_link, pipeline_bubble
 from .calibrate import fit_compute
 from .checks import amount, count
-from .collectives import all_reduce_time, describe, spans_nodes
 from .gemm import MatrixUnit
 from .links import Link, all_reduce_s, send_s  # noqa: F401 (sim.model.Link, as before)
-
-AXES = ("dp", "pp", "tp")      # the default order: tensor parallel innermost (fastest)
+# the summary model's plans and predictions live in sim.summary (importable from here too)
+from .summary import AXES, Plan, Prediction, plans, predict  # noqa: F401
 
 
 # ------------------------------------------------------------------ links and collectives
@@ -187,26 +187,6 @@ class Workload:
         return cls.of(Network.transformer(name, layers, hidden, heads, seq, vocab))
 
 
-def _slot_s(w: Workload, c: Cluster, mb: float, t: int) -> float:
-    """One micro-batch's forward and backward through the whole model on a tp rank: from
-    the network's layers (``costs.Roofline``: products by shape on a matrix unit,
-    element-wise work at the memory bandwidth, a fixed cost per pass, recomputation),
-    or, for a workload given only as numbers, its FLOPs at the rate plus the fixed costs."""
-    net = w.network
-    if net is None:
-        return w.flops_per_sample * mb / t / c.flops + 2 * w.layers * c.layer_overhead_s
-    from .costs import Roofline
-    r = Roofline(net, c)
-    total = 0.0
-    for i in range(len(net)):
-        total += r.forward_s(i, mb, t) + r.backward_s(i, mb, t)
-        if net.recompute == "full":
-            total += r.forward_s(i, mb, t)
-        elif net.recompute == "selective":
-            total += r.recompute_s(i, mb, t)
-    return total
-
-
 def _tp_exchanges(net) -> tuple[float, int]:
     """(elements all-reduced over tp per sample and step, how many all-reduces): see
     ``Workload.of``."""
@@ -223,131 +203,6 @@ def _tp_exchanges(net) -> tuple[float, int]:
         elif k > 0 and k + 1 < len(paired):        # a column-parallel layer's input gradient
             elems, messages = elems + net.out_elems(i - 1), messages + 1
     return elems, messages
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A mesh shape: dp × pp × tp devices, m micro-batches, and the axes' order.
-
-    order: outermost first, the last varying fastest (innermost, the fastest links).
-    """
-
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    micro_batches: int = 1
-    order: tuple = AXES
-
-    def __post_init__(self):
-        for name in ("dp", "tp", "pp", "micro_batches"):
-            count("Plan", name, getattr(self, name))
-        if sorted(self.order) != sorted(AXES):
-            raise ValueError(f"Plan: order must name each of {AXES} once (outermost first), "
-                             f"got {self.order!r}")
-
-    @property
-    def devices(self) -> int:
-        return self.dp * self.tp * self.pp
-
-    def span(self, axis: str) -> int:
-        """Consecutive devices covered by a group of ``axis`` and every faster axis."""
-        i = self.order.index(axis)
-        return math.prod(getattr(self, a) for a in self.order[i:])
-
-    def label(self) -> str:
-        used = [f"{a} {getattr(self, a)}" for a in self.order if getattr(self, a) > 1]
-        return " × ".join(used) or "one device"
-
-
-@dataclass
-class Prediction:
-    """The cost model's answer for one plan. Every number is PREDICTED."""
-
-    plan: Plan
-    memory: dict                    # bytes per device: states, activations, total
-    fits: bool
-    parts: dict                     # seconds per step: compute, bubble, tp, pp, dp
-    links: dict = field(default_factory=dict)   # axis -> "intra" / "inter"
-    paths: dict = field(default_factory=dict)   # axis -> how its exchanges travel, in words
-
-    @property
-    def step_s(self) -> float:
-        return sum(self.parts.values())
-
-
-def predict(w: Workload, c: Cluster, plan: Plan, global_batch: int, *,
-            overlap_dp: bool = False) -> Prediction:
-    """Memory per device and the time of one training step for ``plan`` (PREDICTED).
-
-    compute: the device's share of the work (its replica's batch, split over tp and pp):
-        each layer's forward and backward as the timelines price them
-        (``costs.Roofline``: matrix products by shape, element-wise work, a fixed cost per
-        pass, recomputation) for a workload made from a ``Network``.
-    bubble: a pipeline runs m + p - 1 slots of one micro-batch's forward and backward
-        on a stage; p - 1 of them are idle (GPipe's (p-1)/(m+p-1)).
-    pp: in every slot a stage waits for an activation and a gradient from its
-        neighbours: 2 sends per slot, (m + p - 1) slots.
-    tp: every tp all-reduce on the critical path (they sit between layers).
-    dp: the all-reduce of the device's gradients, once per step; ``overlap_dp`` hides it
-        behind the backward pass (2/3 of the compute), as DDP's buckets do.
-    Each axis's all-reduce is priced for its group (``sim.collectives``): a ring inside
-    a node, a ring over every network card its members drive across nodes, NVLink
-    SHARP where the cluster has it; ``Prediction.paths`` says which, in words.
-    Every collective call also pays the cluster's ``collective_overhead_s``.
-    Memory: model states / (tp pp); activations of the micro-batches in flight (1F1B:
-    at most p on the first stage) / pp, their tp-split part / tp.
-    """
-    if plan.devices > c.devices:
-        raise ValueError(f"{plan.label()} needs {plan.devices} devices; {c.name} has {c.devices}")
-    if global_batch % plan.dp or (global_batch // plan.dp) % plan.micro_batches:
-        raise ValueError(f"a global batch of {global_batch} does not split into dp={plan.dp} "
-                         f"replicas of m={plan.micro_batches} micro-batches")
-    b = global_batch // plan.dp                  # the replica's samples
-    m, p, t = plan.micro_batches, plan.pp, plan.tp
-    link = {a: c.link(plan.span(a)) for a in plan.order}
-    stride = {a: plan.span(a) // getattr(plan, a) for a in plan.order}
-    # one micro-batch through one stage: its layers, thinner by tp
-    slot = _slot_s(w, c, b / m, t) / p
-    parts = {"compute": m * slot, "bubble": (p - 1) * slot}
-    parts["pp"] = 0.0 if p == 1 else (m + p - 1) * 2 * send_s(w.boundary_bytes * b / m,
-                                                              link["pp"])
-    n_tp = w.tp_messages * m / p                 # the stage's all-reduces, every micro-batch
-    parts["tp"] = 0.0 if t == 1 else n_tp * all_reduce_time(
-        c, w.tp_bytes * (b / m) / w.tp_messages, t, stride["tp"])
-    grads = w.params / (t * p) * w.grad_bytes_per_param
-    dp_s = 0.0 if plan.dp == 1 else w.dp_messages * all_reduce_time(
-        c, grads / w.dp_messages, plan.dp, stride["dp"])
-    parts["dp"] = max(0.0, dp_s - 2 / 3 * parts["compute"]) if overlap_dp else dp_s
-    in_flight = b / m * min(p, m)
-    states = w.params / (t * p) * w.state_bytes_per_param
-    acts = in_flight * (w.act_split_bytes / t + w.act_whole_bytes) / p
-    memory = {"states": states, "activations": acts, "total": states + acts}
-    used = [a for a in plan.order if getattr(plan, a) > 1]
-    where = {a: ("inter" if (link[a] is not c.intra if a == "pp" else
-                             spans_nodes(c, getattr(plan, a), stride[a])) else "intra")
-             for a in used}
-    paths = {a: (f"{'inside a node' if where[a] == 'intra' else 'between nodes'}: "
-                 f"{link[a].bandwidth_Bps / 1e9:,.0f} GB/s point to point") if a == "pp"
-             else describe(c, getattr(plan, a), stride[a]) for a in used}
-    return Prediction(plan, memory, memory["total"] <= c.memory_bytes, parts, where, paths)
-
-
-def plans(devices: int, axes=("dp", "tp"), *, micro_batches: int = 1, order=AXES) -> list[Plan]:
-    """Every way to arrange ``devices`` over ``axes`` (the others 1), dp largest first."""
-    out = []
-    for combo in _factorizations(devices, len(axes)):
-        kw = dict(zip(axes, combo))
-        if kw.get("pp", 1) > 1:
-            kw["micro_batches"] = micro_batches
-        out.append(Plan(order=order, **kw))
-    return sorted(out, key=lambda q: (-q.dp, -q.pp, q.tp))
-
-
-def _factorizations(n: int, k: int) -> list[tuple]:
-    if k == 1:
-        return [(n,)]
-    return [(d, *rest) for d in range(1, n + 1) if n % d == 0
-            for rest in _factorizations(n // d, k - 1)]
 
 
 # ------------------------------------------------------------------ calibration

@@ -167,19 +167,21 @@ class Network:
 
     @classmethod
     def decoder(cls, name: str, layers: int, hidden: int, heads: int, seq: int,
-                vocab: int = 0, *, tied: bool = True, **block_options) -> "Network":
+                vocab: int = 0, *, tied: bool = True, act_bytes: int = 2,
+                **block_options) -> "Network":
         """Any decoder of ``sim.blocks.block``s (its options), with an embedding and logits
-        when ``vocab`` > 0; bf16 activations, Adam in mixed precision (16 bytes per
-        parameter, Rajbhandari et al., 2020)."""
+        when ``vocab`` > 0; 16-bit activations and Adam in mixed precision (16 bytes per
+        parameter, Rajbhandari et al., 2020), or ``act_bytes=4``: float32 throughout."""
         from .blocks import block, embedding, head
         norm = block_options.get("norm", "layernorm")
-        body = [block(f"block{k}", seq, hidden, heads, **block_options)
+        ab = act_bytes
+        body = [block(f"block{k}", seq, hidden, heads, act_bytes=ab, **block_options)
                 for k in range(counted(layers, "layers"))]
         if vocab:
-            body = [embedding(seq, hidden, vocab), *body,
-                    head(seq, hidden, vocab, tied=tied, norm=norm)]
-        state, update = optimizer_state("adam", 2)
-        return cls(name, tuple(body), seq * hidden, 2, state, grad_wire_bytes=2,
+            body = [embedding(seq, hidden, vocab, act_bytes=ab), *body,
+                    head(seq, hidden, vocab, tied=tied, norm=norm, act_bytes=ab)]
+        state, update = optimizer_state("adam", ab)
+        return cls(name, tuple(body), seq * hidden, ab, state, grad_wire_bytes=ab,
                    update_bytes=update)
 
     @classmethod

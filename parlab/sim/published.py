@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .clusters import v100_dgx2h
+from .clusters import ACHIEVABLE_SHARE, v100_dgx2h
 from .costs import Network
 from .model import Cluster, Link, all_reduce_s
 from .timelines import pipeline, single_device, tensor_parallel
@@ -62,11 +62,13 @@ def tpu_v3_cores(devices: int = 8) -> Cluster:
     """TPU v3 cores as GPipe used them (one partition per core).
 
     Google Cloud TPU v3 (https://cloud.google.com/tpu/docs/v3): 123 TFLOP/s bf16 and
-    32 GiB HBM per chip of 2 cores. Sustained 40 % as for the GPUs; the inter-core
-    link is an assumption (it barely matters: a stage hands on one activation per
-    micro-batch).
+    32 GiB HBM per chip of 2 cores. The matrix rate: the peak times the share the A100's
+    and H100's maxima reach (``clusters.ACHIEVABLE_SHARE``), as for the GPUs without a
+    published maximum; the inter-core link is an assumption (it barely matters: a stage
+    hands on one activation per micro-batch).
     """
-    return Cluster(f"{devices} TPU v3 cores", devices, 16 * 2**30, flops=0.4 * 123e12 / 2,
+    return Cluster(f"{devices} TPU v3 cores", devices, 16 * 2**30,
+                   flops=ACHIEVABLE_SHARE * 123e12 / 2,
                    layer_overhead_s=20e-6, devices_per_node=devices,
                    intra=Link(5e-6, 50e9), inter=Link(5e-6, 50e9),
                    memory_bandwidth_Bps=0.8 * 900e9 / 2)

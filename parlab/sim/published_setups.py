@@ -180,8 +180,8 @@ class Run:
 class Hardware:
     """A machine as its datasheets describe it, and the preset that stands in for it.
 
-    ``preset`` names a function of ``parlab.sim.clusters`` (or ``parlab.sim.published``)
-    where one exists; "new: ..." where the model needs a preset built from these figures.
+    ``preset`` names the function of ``parlab.sim.clusters`` (or ``parlab.sim.published``)
+    that stands in for it (``parlab.sim.validate`` builds it at the run's size).
     """
 
     gpu: str
@@ -211,7 +211,7 @@ HARDWARE: dict[str, Hardware] = {
         "NVSwitch, 8 InfiniBand adapters per server (100 GB/s per server)"),
     "dgx1_v100": Hardware(
         "V100 SXM2", 125, 16, 900, 8, "NVLink mesh", 150, 4, 100, "InfiniBand EDR",
-        "new: 8 GPUs on a hybrid cube-mesh (no switch), 4 EDR cards per node",
+        "v100_dgx1",
         "NVIDIA DGX-1 datasheet (from memory, unverified): 8 V100 SXM2, NVLink 2 hybrid "
         "cube-mesh, 4 x 100 Gb/s EDR InfiniBand"),
     "dgx_a100_40gb": Hardware(
@@ -225,12 +225,12 @@ HARDWARE: dict[str, Hardware] = {
         "compute (DGX A100 datasheet); Megatron-LM README (2022): 8 80GB A100 per node"),
     "a800_1hdr": Hardware(
         "A800 SXM4 80GB", 312, 80, 2039, 8, "NVSwitch", 200, 1, 200, "InfiniBand HDR",
-        "new: a100_nvlink with 200 GB/s NVLink each way and one HDR card per node",
+        "a800_nodes",
         "A800: an A100 whose NVLink carries 400 GB/s both ways together (datasheet, from "
         "memory); NVIDIA/nccl#412: 8 NVLink A800 per node, one 200G HDR card per node"),
     "jean_zay_a100": Hardware(
         "A100 SXM4 80GB", 312, 80, 2039, 8, "NVSwitch", 300, 4, 100, "Omni-Path",
-        "new: a100_nvlink with 4 x 100 Gb/s Omni-Path per node",
+        "a100_omnipath",
         _A100 + "; bigscience tr11-176B-ml README: 8 GPUs per node, NVLink, 4 OmniPath "
         "links per node (100 Gb/s each: Omni-Path line rate, from memory)"),
     "azure_ndm_a100": Hardware(
@@ -240,7 +240,7 @@ HARDWARE: dict[str, Hardware] = {
         "(from memory, unverified: the OPT paper names only 992 80GB A100)"),
     "vela_a100": Hardware(
         "A100 SXM4 80GB", 312, 80, 2039, 8, "NVSwitch", 300, 2, 100, "Ethernet",
-        "new: a100_nvlink with 2 x 100 GbE per node",
+        "a100_ethernet",
         _A100 + "; IBM Vela nodes: 2 x 100 Gb/s Ethernet at launch (IBM Research blog "
         "2023, from memory, unverified; the network was upgraded later)"),
     "dgx_h100": Hardware(
@@ -258,17 +258,17 @@ HARDWARE: dict[str, Hardware] = {
         "HBM per chip (from memory); the inter-core link is tpu_v3_cores' assumption"),
     "p100_pcie": Hardware(
         "Tesla P100 PCIe 16GB", 18.7, 16, 732, 8, "PCIe", 15.75, 0, 0, "",
-        "new: like t4_pcie, P100 figures",
+        "p100_pcie",
         "NVIDIA Tesla P100 datasheet: 18.7 TFLOP/s FP16 (9.3 FP32), 16 GB HBM2 at 732 GB/s, "
         "PCIe Gen3 x16; GPipe Table 3: one host, no NVLink"),
     "p100_roce25": Hardware(
         "Pascal (P100 assumed)", 9.3, 16, 732, 4, "PCIe", 15.75, 1, 25, "RoCE",
-        "new: 4 P100 per node on PCIe, one 25 Gb/s RoCE card",
+        "p100_roce",
         "Horovod docs/benchmarks.rst: 128 servers with 4 Pascal GPUs each, RoCE-capable "
         "25 Gbit/s network; P100 PCIe datasheet: 9.3 TFLOP/s FP32"),
     "p40_pcie": Hardware(
         "Tesla P40 24GB", 11.76, 24, 346, 8, "PCIe", 15.75, 0, 0, "",
-        "new: like t4_pcie, P40 figures",
+        "p40_pcie",
         "torchgpipe benchmarks/*/README.md: 8 Tesla P40 GPUs; NVIDIA Tesla P40 datasheet: "
         "12 TFLOP/s FP32 (11.76 at base boost), 24 GB GDDR5 at 346 GB/s, PCIe Gen3 x16"),
 }

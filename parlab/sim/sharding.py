@@ -31,6 +31,16 @@ def check_zero(zero) -> int:
     return zero
 
 
+def sharded_states(params: float, state: dict, dp: int, zero: int) -> dict:
+    """Bytes of each part of the model states ({"params", "grads", "optimizer"}) a device
+    keeps for ``params`` parameters, ``state`` bytes per parameter, under ZeRO ``zero``
+    over ``dp`` replicas (Rajbhandari et al., 2020, figure 1): stage 1 divides the
+    optimizer state by dp, stage 2 the gradients too, stage 3 the parameters too."""
+    check_zero(zero)
+    return {k: params * state[k] / (dp if zero >= stage else 1)
+            for k, stage in (("params", 3), ("grads", 2), ("optimizer", 1))}
+
+
 class Sharder:
     """ZeRO-3 / FSDP's collectives around each layer of one rank's stage (``Stage`` calls
     ``before`` and ``after`` each layer's forward and backward pass)."""
