@@ -127,7 +127,8 @@ def test_explorers_set_their_figure_as_outputs_never_capturing_the_running_cell(
 def test_an_explorer_reads_as_a_sentence_without_a_live_kernel(here):
     for name, box in _all_explorers(here).items():
         text = box._repr_mimebundle_()["text/plain"]
-        assert text.startswith("Explorer (PREDICTED by the cost model): "), name
+        assert text.startswith("Explorer (computed from the ZeRO formulas): " if name == "zero"
+                               else "Explorer (PREDICTED by the cost model): "), name
         assert "need a running kernel" in text and "VBox" not in text, name
         assert "application/vnd.jupyter.widget-view+json" in box._repr_mimebundle_()
     dp = _all_explorers(here)["data parallel"]._repr_mimebundle_()["text/plain"]

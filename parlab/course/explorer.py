@@ -100,13 +100,14 @@ def explorer_box(children, about: str):
     return box
 
 
-def about_text(controls, measure: bool, first_line: str) -> str:
-    """What an explorer is, for a reader without a live kernel: its controls, how to use
-    it, and its first prediction's line."""
+def about_text(controls, measure: bool, first_line: str,
+               what: str = "PREDICTED by the cost model") -> str:
+    """What an explorer is, for a reader without a live kernel: what it draws, its
+    controls, how to use it, and its first prediction's line."""
     import re
     names = ", ".join(getattr(c, "description", "") or "?" for c in controls)
     line = re.sub(r"<[^>]+>", "", first_line or "").strip()
-    return (f"Explorer (PREDICTED by the cost model): {names}"
+    return (f"Explorer ({what}): {names}"
             + ("; a 'measure it here' button" if measure else "")
             + ". Its controls redraw the prediction at once; they need a running kernel: "
               "open the notebook in Jupyter and run this cell."

@@ -68,7 +68,8 @@ def zero_explorer():
     for widget in (size, n, mixed):
         widget.observe(draw, names="value")
     draw()
-    return explorer_box([w.HBox([size, n]), mixed, out], about_text([size, n, mixed], False, ""))
+    about = about_text([size, n, mixed], False, "", "computed from the ZeRO formulas")
+    return explorer_box([w.HBox([size, n]), mixed, out], about)
 
 
 def memory_explorer():
