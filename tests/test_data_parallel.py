@@ -44,6 +44,9 @@ def test_data_parallel_equals_one_device_on_the_global_batch(mode, world_size, r
         assert out.results[0]["buckets_per_step"] >= 2          # 0.1 MB buckets: several
         lanes = {s.rank for s in out.timeline if "bucket all_reduce" in s.name}
         assert lanes == set(range(world_size, 2 * world_size))  # drawn on background lanes
+        # numbered, so that buckets in flight together still show as separate bars
+        names = {s.name for s in out.timeline if "bucket all_reduce" in s.name}
+        assert len(names) >= out.results[0]["buckets_each_step"][-1] >= 2
         # on the main lanes, backward() is split: computing, then waiting for the buckets
         waits = {s.rank for s in out.timeline if s.name == "wait for buckets" and s.kind == "wait"}
         assert waits == set(range(world_size))

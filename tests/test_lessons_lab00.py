@@ -67,7 +67,7 @@ def test_latency_then_bandwidth_not_shown_when_small_messages_grow_with_size():
 def test_latency_then_bandwidth_not_shown_when_the_largest_is_still_latency_bound():
     v = lessons.evaluate("00.latency_then_bandwidth", sweep(alpha_beta(alpha=5e-3)))
     assert not v.shown
-    assert "half-speed size" in v.why and "latency still counts" in v.why
+    assert "half-speed size 15 MB) gives 2.0x: latency still counts at 1 MB" in v.why
 
 
 def test_link_numbers_picks_one_curve_in_size_order():
@@ -81,3 +81,36 @@ def test_link_numbers_picks_one_curve_in_size_order():
 def test_lab00_has_its_two_lessons():
     assert {x.name for x in lessons.of_lab("00")} == {"00.slowest_sets_the_pace",
                                                       "00.latency_then_bandwidth"}
+
+
+def test_latency_then_bandwidth_blames_the_one_slow_size_when_the_fit_would_pass():
+    # the review's run: the sweep fits alpha 297 us, beta 2.47 GB/s (16 MB / 1 MB: 9.8x),
+    # but 1 MB took 1.6 ms instead of the line's 0.72 ms
+    times = alpha_beta(alpha=297e-6, beta=2.47e9)
+    times[9] = 1.6e-3                                        # 1 MB
+    v = lessons.evaluate("00.latency_then_bandwidth", sweep(times))
+    assert not v.shown
+    assert "latency still counts" not in v.why
+    assert "enough; but 1 MB took 2.2x its time on that line: that one size was slow" in v.why
+
+
+def test_latency_then_bandwidth_blames_a_quick_largest_message():
+    times = alpha_beta(alpha=100e-6, beta=3e9)
+    times[11] /= 3                                           # 16 MB three times quicker
+    v = lessons.evaluate("00.latency_then_bandwidth", sweep(times))
+    assert not v.shown and "16 MB took only" in v.why and "that one size was quick" in v.why
+
+
+def test_latency_then_bandwidth_prints_a_ratio_just_below_its_threshold_as_below():
+    times = alpha_beta(alpha=100e-6, beta=3e9)
+    times[11] = 7.96 * times[9]                              # 16 MB: 7.96x of 1 MB, 8x needed
+    v = lessons.evaluate("00.latency_then_bandwidth", sweep(times))
+    assert not v.shown and "16 MB take 7.96x the time of 1 MB" in v.figures
+
+
+def test_beside_prints_enough_digits_to_stay_on_the_checked_side():
+    assert lessons.beside(1.1996, 1.2) == "1.1996"
+    assert lessons.beside(1.2, 1.2) == "1.20"
+    assert lessons.beside(1.35, 1.2) == "1.35"
+    assert lessons.beside(1.5004, 1.5, at_most=True) == "1.5004"
+    assert lessons.beside(1.49, 1.5, at_most=True) == "1.49"

@@ -53,6 +53,7 @@ def test_one_device_at_a_time_not_shown_names_the_spans_that_overlapped():
 def test_compute_per_step_is_each_ranks_median_without_its_core_wait():
     tl = _split_steps(steps=6, core_wait=0.4 * MS).timeline
     assert lab02.compute_per_step(tl) == pytest.approx([2.5 * MS - 0.4 * MS, 2.5 * MS])
+    assert lab02.per_step(tl, "core_wait") == pytest.approx([0.4 * MS, 0.0])
 
 
 def _steps(split_ms, one_ms, cw_one=0.0, cw_split=0.03):

@@ -1,5 +1,7 @@
 """Lab 03's lessons: each check says "shown" on numbers that show its claim, and "not
 shown", with the cause, on planted numbers that contradict it. No ranks are started."""
+import pytest
+
 from parlab.course import lab03, lessons
 
 MS = 1e-3
@@ -82,3 +84,49 @@ def test_slicing_pays_for_wide_layers_not_shown_when_wide_layers_gain_too_little
 def test_slicing_pays_for_wide_layers_not_shown_when_narrow_layers_already_win():
     v = lessons.evaluate("03.slicing_pays_for_wide_layers", sweep((1.2, 1.5, 2.0, 3.0)))
     assert not v.shown and "beat one device even at width 32" in v.why
+
+
+def test_slicing_pays_says_whether_the_widest_layers_beat_one_device():
+    v = lessons.evaluate("03.slicing_pays_for_wide_layers", sweep((0.07, 0.07, 0.46, 0.82)))
+    assert v.shown and "0.82x at width 1024 (11.7 times as high; at width 1024 still no " \
+                       "faster than one device)" in v.figures
+    v = lessons.evaluate("03.slicing_pays_for_wide_layers", sweep((0.09, 0.66, 1.22, 1.12)))
+    assert v.shown and "at width 1024 faster than one device" in v.figures
+    assert "loss shrinks as the layers widen" in lessons.of_lab("03")[2].claim
+
+
+def test_slicing_pays_prints_a_gain_just_below_twice_as_below():
+    v = lessons.evaluate("03.slicing_pays_for_wide_layers", sweep((0.5, 0.6, 0.8, 0.998)))
+    assert not v.shown and "(1.996 times as high" in v.figures
+
+
+def test_share_text_says_which_way_the_collectives_share_moved():
+    m = {(2, w): {"comm_share": c, "core_wait_share": 0.4, "speed_up": 1.0}
+         for w, c in zip(lab03.SWEEP_WIDTHS, (0.34, 0.07, 0.10, 0.35))}
+    assert "34% of the sliced step at width 32 and 35% at width 1024: its share stayed " \
+           "within 2 points" in lab03.share_text(m)
+    m[2, 1024]["comm_share"] = 0.13
+    assert "its share fell as the layers widened" in lab03.share_text(m)
+
+
+def test_collective_seconds_counts_the_waits_a_first_collective_hides_in():
+    """A first step whose all-reduce is all waiting and core wait (0 ms of transfer, the
+    review's "up to 0.00 ms") still counts in full."""
+    from types import SimpleNamespace
+
+    from parlab.trace import COMM, COMPUTE, CORE_WAIT, WAIT, Span, Timeline
+    spans = []
+    for k, (wait, transfer, core) in enumerate(((0.200, 0.0, 0.010), (0.0, 0.0004, 0.0),
+                                                (0.0, 0.0004, 0.0001))):
+        t = k * 1.0
+        spans += [Span(0, COMPUTE, "forward", t, t + 0.001),
+                  Span(0, WAIT, "all_reduce", t + 0.001, t + 0.001 + wait),
+                  Span(0, COMM, "all_reduce", t + 0.001 + wait, t + 0.001 + wait + transfer),
+                  Span(0, CORE_WAIT, "all_reduce (core wait)", t + 0.001 + wait + transfer,
+                       t + 0.001 + wait + transfer + core),
+                  Span(0, CORE_WAIT, "forward (core wait)", t + 0.5, t + 0.6)]
+    run = SimpleNamespace(timeline=Timeline(spans))
+    got = lab03.collective_seconds(run, 3)
+    assert got == pytest.approx([0.210, 0.0004, 0.0005])
+    assert "210.00 ms in the first step, 0.45 ms in a warm step (median), 466.7x" in \
+        lab03.start_up_text(run, 3, warm=1)

@@ -128,3 +128,19 @@ def test_typical_step_is_the_warm_step_nearest_the_median():
 def test_the_lab_has_these_lessons():
     assert {x.name for x in lessons.of_lab("04")} == {
         "04.bubble_as_predicted", "04.micro_batches_pay", "04.one_f_one_b_holds_less"}
+
+
+def test_micro_batches_pay_prints_a_gain_just_below_its_threshold_as_below():
+    planted = {"stages": 2, "by_m": {1: row(1, 120.0, 0.49), 2: row(2, 120.0 / 1.1996, 0.33)}}
+    v = lessons.evaluate("04.micro_batches_pay", planted)
+    assert not v.shown and ": 1.1996x (predicted" in v.figures
+
+
+def test_micro_batches_pay_does_not_blame_small_micro_batches_that_cost_no_more():
+    # the review's run: F and B at the quickest m took 0.98x m = 1's
+    planted = {"stages": 2, "by_m": {1: row(1, 100, 0.49, comm=0.02),
+                                     4: row(4, 95, 0.22, comm=0.12, fb_ms=(19.6, 34.3))}}
+    v = lessons.evaluate("04.micro_batches_pay", planted)
+    assert not v.shown and "F and B took 0.98x the time of m = 1's (no dearer" in v.why
+    assert "less well" not in v.why and "core contention" not in v.why
+    assert "transferred 12% of the step (m = 1: 2%; 8 hand-overs a step against 2)" in v.why

@@ -146,3 +146,52 @@ def test_stacked_timelines_share_the_longest_time_axis_and_keep_their_width():
     assert axes[1].get_legend() is None
     assert axes[0].get_position().width > 0.6     # labels outside the axes take no layout room
     plt.close(fig)
+
+
+def test_memory_parts_never_take_a_phase_or_a_kind_colour():
+    phases = {plot.phase_color(n) for n in ("forward", "backward", "update", "data")}
+    kinds = set(plot.COLORS.values())
+    memory = {plot.memory_color(p) for p in ("parameters", "gradients", "optimizer state",
+                                             "activations", "gathered parameters")}
+    assert len(memory) == 5 and not memory & (phases | kinds)
+    extra: dict = {}
+    assert plot.memory_color("offloaded", extra) not in memory | phases
+    fig = plot.memory({"computed": {"parameters": 4e5, "gradients": 4e5, "optimizer state": 8e5,
+                                    "activations": 3e5}}, unit="MB")
+    faces = {matplotlib.colors.to_hex(p.get_facecolor()) for p in fig.axes[0].patches}
+    assert faces == {plot.memory_color(p).lower() for p in ("parameters", "gradients",
+                                                            "optimizer state", "activations")}
+
+
+def test_compute_that_is_no_phase_takes_the_compute_blue():
+    for name in ("forward + backward", "sum gradients"):
+        assert plot.phase_color(name) == plot.COLORS[COMPUTE]
+    assert plot.phase_color("backward") != plot.COLORS[COMPUTE]
+
+
+def test_collectives_told_apart_by_shade_and_pattern_and_never_like_a_wait():
+    ops = ["all_gather", "all_reduce", "reduce_scatter"]
+    looks = {(plot.axis_color(op, ops), plot.axis_hatch(op, ops)) for op in ops}
+    assert len(looks) == 3
+    for color, hatch in looks:
+        assert color != plot.COLORS[WAIT] and not set(hatch or "") & set("/\\x")
+
+
+def test_throughput_step_axis_reads_as_a_log_axis():
+    recs = [{"batch_size": b, "samples_per_s": b / t, "step_s": t}
+            for b, t in ((4, 9e-4), (16, 8.8e-4), (64, 1.5e-3), (256, 3.4e-3), (1024, 9.4e-3))]
+    fig = plot.throughput(recs)
+    _drawn(fig)
+    ax = fig.axes[1]
+    assert ax.get_yscale() == "log" and "log scale" in ax.get_ylabel()
+    labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    assert {"1", "2", "5"} <= set(labels)                 # unevenly spaced: read as log
+
+
+def test_a_dashed_curve_on_top_of_another_leaves_both_visible():
+    fig = plot.curves({"float32": ([0, 1, 2], [2.0, 1.0, 0.5]),
+                       "bfloat16": ([0, 1, 2], [2.0, 1.0, 0.5])},
+                      xlabel="step", ylabel="loss", title="t", dashed=("bfloat16",))
+    under, over = fig.axes[0].lines
+    assert under.get_linewidth() >= 3 * over.get_linewidth() and under.get_alpha() < 1
+    assert over.get_linestyle() == "--" and over.get_zorder() > under.get_zorder()

@@ -88,3 +88,58 @@ def test_measured_vs_predicted_shares_one_time_scale(here):
     left, right = fig.axes[:2]
     assert left.get_xlim() == right.get_xlim()
     assert left.get_title() == "measured here" and right.get_title() == "PREDICTED (cost model)"
+
+
+def _outputs(box):
+    """The Output widgets inside an explorer."""
+    import ipywidgets as w
+    found, todo = [], [box]
+    while todo:
+        x = todo.pop()
+        if isinstance(x, w.Output):
+            found.append(x)
+        todo += list(getattr(x, "children", ()))
+    return found
+
+
+def _all_explorers(here):
+    from parlab.course import lab07, lab08
+    return {**_explorers(here), "strategy": lab07.strategy_explorer(here),
+            "zero": lab08.zero_explorer(), "memory": lab08.memory_explorer()}
+
+
+def test_explorers_set_their_figure_as_outputs_never_capturing_the_running_cell(here):
+    """Captured output (``with out:``) under nbclient sometimes left the next cell waiting
+    for the whole cell timeout (lab 06: 599 s). Without a kernel, capturing leaves an Output
+    widget empty; setting its outputs fills it, so the figure being there shows the way."""
+    for name, box in _all_explorers(here).items():
+        (out,) = _outputs(box)
+        kinds = [o["output_type"] for o in out.outputs]
+        assert "display_data" in kinds, (name, kinds)
+        assert out.msg_id == "", name                 # no capture is open
+        first = _controls(box)[0] if name not in ("zero", "strategy") else None
+        if first is not None and hasattr(first, "options"):
+            first.value = first.options[-1][1] if isinstance(first.options[-1], tuple) \
+                else first.options[-1]
+            assert [o["output_type"] for o in out.outputs] == kinds, name   # redrawn in place
+
+
+def test_an_explorer_reads_as_a_sentence_without_a_live_kernel(here):
+    for name, box in _all_explorers(here).items():
+        text = box._repr_mimebundle_()["text/plain"]
+        assert text.startswith("Explorer (computed from the ZeRO formulas): " if name == "zero"
+                               else "Explorer (PREDICTED by the cost model): "), name
+        assert "need a running kernel" in text and "VBox" not in text, name
+        assert "application/vnd.jupyter.widget-view+json" in box._repr_mimebundle_()
+    dp = _all_explorers(here)["data parallel"]._repr_mimebundle_()["text/plain"]
+    assert "'measure it here' button" in dp and "First prediction: PREDICTED" in dp
+
+
+def test_an_explorer_shows_a_failing_prediction_in_its_widget():
+    from parlab.course.explorer import explorer, slider
+
+    def predict(n):
+        raise RuntimeError(f"no model for {n}")
+    box = explorer(predict, {"n": slider("n", range(1, 3), 1)})
+    (out,) = _outputs(box)
+    assert "RuntimeError: no model for 1" in out.outputs[0]["text"]

@@ -43,6 +43,77 @@ def time_unit(seconds: float) -> str:
     return "s" if seconds >= 2 else "ms" if seconds >= 2e-3 else "us"
 
 
+def show_in(out, *items) -> None:
+    """Make ``items`` (text, figures, anything IPython displays) the contents of the
+    Output widget ``out``, by setting its outputs rather than capturing ``with out:``.
+
+    Why: captured output travels as output of the running cell, and under nbclient
+    (``nbconvert --execute``, nbval) the client's stand-in for an Output widget answers
+    every such output with a message on the kernel's shell socket, the socket the same
+    client is polling for the cell's reply. Now and then that reply, already sent, is
+    read only when the cell's whole timeout has run out (lab 06's explorer cell waited
+    599 s of 600; notebooks of such cells with nothing of parlab in them do it too, a few
+    cells in a hundred). Set outputs reach the front-end as one update of the widget's
+    state, to which no client answers.
+    """
+    from IPython import get_ipython
+    from IPython.core.interactiveshell import InteractiveShell
+    shell = get_ipython() or InteractiveShell.instance()
+    outputs = []
+    for item in items:
+        if isinstance(item, str):
+            outputs.append({"output_type": "stream", "name": "stdout", "text": item + "\n"})
+        else:
+            data, metadata = shell.display_formatter.format(item)
+            outputs.append({"output_type": "display_data", "data": data, "metadata": metadata})
+    out.outputs = tuple(outputs)
+
+
+def failure_text() -> str:
+    """The traceback of the exception being handled, as an Output widget would show it."""
+    import traceback
+    return "".join(traceback.format_exc())
+
+
+_BOX = None
+
+
+def explorer_box(children, about: str):
+    """The explorer's widgets in a column that, where no live kernel draws them (an
+    executed notebook opened as a file, a static viewer), reads as ``about`` instead of
+    ``VBox(children=(...`` (their text/plain)."""
+    global _BOX
+    if _BOX is None:
+        import ipywidgets as w
+
+        class Explorer(w.VBox):
+            about = ""
+
+            def _repr_mimebundle_(self, **kwargs):
+                data = super()._repr_mimebundle_(**kwargs)
+                if data:
+                    data["text/plain"] = self.about
+                return data
+        _BOX = Explorer
+    box = _BOX(children)
+    box.about = about
+    return box
+
+
+def about_text(controls, measure: bool, first_line: str,
+               what: str = "PREDICTED by the cost model") -> str:
+    """What an explorer is, for a reader without a live kernel: what it draws, its
+    controls, how to use it, and its first prediction's line."""
+    import re
+    names = ", ".join(getattr(c, "description", "") or "?" for c in controls)
+    line = re.sub(r"<[^>]+>", "", first_line or "").strip()
+    return (f"Explorer ({what}): {names}"
+            + ("; a 'measure it here' button" if measure else "")
+            + ". Its controls redraw the prediction at once; they need a running kernel: "
+              "open the notebook in Jupyter and run this cell."
+            + (f" First prediction: {line}" if line else ""))
+
+
 def explorer(predict, controls: dict, *, measure=None, measure_label: str = "measure it here",
              tooltip: str = "starts real ranks on this machine (a few seconds)", per_row: int = 3):
     """Controls that redraw a PREDICTED figure at once; a button that measures, on click.
@@ -65,7 +136,7 @@ def explorer(predict, controls: dict, *, measure=None, measure_label: str = "mea
     def values():
         return {name: c.value for name, c in controls.items()}
 
-    def show(result):
+    def figure(result):
         title = "PREDICTED (cost model)"
         if isinstance(result, tuple):
             result, text.value, *rest = result
@@ -73,17 +144,20 @@ def explorer(predict, controls: dict, *, measure=None, measure_label: str = "mea
         if hasattr(result, "spans"):      # a Timeline
             result = plot.timeline(result, predicted=True, color_by="name", title=title,
                                    unit=time_unit(result.duration))
-        display(result)
+        return result
 
     def draw(*_):
-        with out:
-            out.clear_output(wait=True)
-            try:
-                show(predict(**values()))
-            except ValueError as err:
-                text.value = f"<b>not possible:</b> {err}"
+        # on every move, and once now, while the cell runs: never ``with out:`` (show_in)
+        try:
+            show_in(out, figure(predict(**values())))
+        except ValueError as err:
+            text.value = f"<b>not possible:</b> {err}"
+        except Exception:  # noqa: BLE001 - shown in the widget, as a captured error would be
+            show_in(out, failure_text())
 
     def run(_):
+        # only ever on a click in a live front-end: captured, so that what the ranks
+        # print while they run shows in the widget
         with out:
             out.clear_output(wait=True)
             print("measuring on this machine ...")
@@ -113,7 +187,7 @@ def explorer(predict, controls: dict, *, measure=None, measure_label: str = "mea
         button.on_click(run)
         rows.append(button)
     draw()
-    box = w.VBox([*rows, text, out])
+    box = explorer_box([*rows, text, out], about_text(widgets, measure is not None, text.value))
     # for tests and scripts, without a widget front-end
     box.predict = lambda: predict(**values())
     box.measure = lambda: measure(**values())

@@ -222,9 +222,12 @@ def latency_then_bandwidth(m: dict):
     flat = statistics.median(small) / secs[0]
     base = below[-1]
     grow, more = secs[-1] / secs[base], size[-1] / size[base]
+    flat_text = (lessons.beside(flat, 1.5, at_most=True) if flat >= 1 else
+                 lessons.beside(flat, 1 / 1.5))
     figures = (f"{m['op']} on {m['world_size']} ranks: the {len(small)} sizes up to "
-               f"{bytes_text(SMALL_BYTES)} take a median {flat:.2f}x the time of "
-               f"{bytes_text(size[0])}; {bytes_text(size[-1])} take {grow:.1f}x the time of "
+               f"{bytes_text(SMALL_BYTES)} take a median {flat_text}x the time of "
+               f"{bytes_text(size[0])}; {bytes_text(size[-1])} take "
+               f"{lessons.beside(grow, more / 2, digits=1)}x the time of "
                f"{bytes_text(size[base])} ({more:.0f}x the bytes)")
     why = []
     if flat > 1.5:
@@ -233,9 +236,30 @@ def latency_then_bandwidth(m: dict):
         why.append(f"the smallest message, {bytes_text(size[0])}, took longer than the others "
                    "(a first message can still pay for setting up)")
     if grow < more / 2:
-        fit = metrics.fit_link(size, secs)
-        why.append(f"the half-speed size fitted to this sweep, {bytes_text(fit.latency_s * fit.bandwidth_Bps)}, "
-                   f"is not far below {bytes_text(size[-1])}: latency still counts at {bytes_text(size[base])}")
+        why.append(_off_the_line(size, secs, base, more / 2))
     if not math.isnan(m["core_wait"]):
         why.append(f"the ranks spent {m['core_wait']:.0%} of their time waiting for a core")
     return 1 / 1.5 <= flat <= 1.5 and grow >= more / 2, figures, "; ".join(why)
+
+
+def _off_the_line(size, secs, base: int, needed: float) -> str:
+    """Why the largest message took too few times the time of ``size[base]``, from the
+    alpha-beta line fitted to the sweep's other sizes (not to the two compared): either
+    that line gives a small ratio too (its half-speed size, latency x bandwidth, is near
+    the largest size: latency still counts), or it gives enough and one of the two
+    compared sizes lies off it."""
+    others = [i for i in range(len(size)) if i not in (base, len(size) - 1)]
+    fit = metrics.fit_link([size[i] for i in others], [secs[i] for i in others])
+    fitted = [float(fit.time(size[base])), float(fit.time(size[-1]))]
+    expect = fitted[1] / fitted[0]
+    line = (f"the alpha-beta line fitted to the other sizes ({fit}; half-speed size "
+            f"{bytes_text(fit.latency_s * fit.bandwidth_Bps)}) gives "
+            f"{lessons.beside(expect, needed, digits=1)}x")
+    if expect < needed:
+        return f"{line}: latency still counts at {bytes_text(size[base])}"
+    slow, fast = secs[base] / fitted[0], secs[-1] / fitted[1]
+    if slow >= 1 / fast:
+        return (f"{line}, enough; but {bytes_text(size[base])} took {slow:.1f}x its time on "
+                "that line: that one size was slow")
+    return (f"{line}, enough; but {bytes_text(size[-1])} took only {fast:.2f}x its time on "
+            "that line: that one size was quick")

@@ -232,6 +232,14 @@ def train_other_models(device="cpu") -> dict:
     return out
 
 
+def baseline_name(run: dict) -> str:
+    """What a run's baseline score is the score of, in words: for masks (IoU) every pixel
+    painted with the commonest training label, which is background."""
+    if "IoU" in run["measure"]:
+        return "every pixel painted background, the commonest training label"
+    return "always answering the commonest training label"
+
+
 def other_models_numbers(runs: dict) -> dict:
     """What lesson 01.models_learn_their_data reads from ``train_other_models``."""
     return {name: {k: v for k, v in r.items() if k != "model"} for name, r in runs.items()}
@@ -249,9 +257,8 @@ def _other_models_experiment() -> dict:
                 "painting everything background scores 0)",
                 _other_models_experiment)
 def models_learn_their_data(m: dict):
-    figures = ", ".join(f"{name.split(',')[0]} {r['measure']} {r['after']:.2f} (always "
-                        f"answering the commonest training label: {r['baseline']:.2f})"
-                        for name, r in m.items())
+    figures = ", ".join(f"{name.split(',')[0]} {r['measure']} {r['after']:.2f} "
+                        f"({baseline_name(r)}: {r['baseline']:.2f})" for name, r in m.items())
     short = [name for name, r in m.items() if r["after"] < (1 + r["baseline"]) / 2]
     why = "; ".join(f"{name.split(',')[0]} only {m[name]['after']:.2f} after {m[name]['epochs']} "
                     f"epochs, its training loss {m[name]['loss'][0]:.3f} -> "

@@ -97,6 +97,13 @@ def compute_per_step(timeline, skip: int = 2) -> list[float]:
     """Each rank's compute seconds in a step (waiting for a core not counted): the median
     over the steps after the first ``skip``. A rank's step runs from its ``forward``
     span to its next one."""
+    return per_step(timeline, "compute", skip)
+
+
+def per_step(timeline, kind: str, skip: int = 2) -> list[float]:
+    """Each rank's seconds of ``kind`` (compute, comm, wait, core_wait) in a step: the
+    median over the steps after the first ``skip``, a rank's step running from its
+    ``forward`` span to its next one."""
     import bisect
     import statistics
     out = []
@@ -104,7 +111,7 @@ def compute_per_step(timeline, skip: int = 2) -> list[float]:
         starts = sorted(s.start for s in timeline.spans if s.rank == r and s.name == "forward")
         steps = [0.0] * len(starts)
         for s in timeline.spans:
-            if s.rank == r and s.kind == "compute":
+            if s.rank == r and s.kind == kind:
                 k = bisect.bisect_right(starts, s.start) - 1
                 if k >= 0:
                     steps[k] += s.duration

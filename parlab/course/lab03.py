@@ -163,6 +163,28 @@ def scheme_numbers(runs: dict, steps: int, sizes=SIZES, warm: int = WARM) -> dic
     return out
 
 
+def collective_seconds(run, steps: int, rank: int = 0) -> list[float]:
+    """Per step, the seconds ``rank`` spent inside its collectives: waiting for the
+    other ranks, transferring, and waiting for a core in them (each collective's core
+    wait is carved out of it into a span of its own, and a first collective's set-up
+    shows there or as waiting, rarely as transfer: the transfer alone can be 0)."""
+    from ..core_waits import waiting_name
+    tl = run.timeline.filter(ranks=[rank])
+    names = {s.name for s in tl if s.kind in ("comm", "wait")}
+    inside = names | {waiting_name(n) for n in names}
+    return [sum(s.duration for s in tl.step(k) if s.name in inside and s.kind != "compute")
+            for k in range(steps)]
+
+
+def start_up_text(run, steps: int, warm: int = WARM) -> str:
+    """One line: rank 0's time in collectives in the first step against a warm step's."""
+    per = collective_seconds(run, steps)
+    first, later = per[0], _median(per[warm:])
+    return (f"rank 0's time in collectives (wait, transfer and waits for a core in them): "
+            f"{first * 1e3:.2f} ms in the first step, {later * 1e3:.2f} ms in a warm step "
+            f"(median), {first / later:.1f}x")
+
+
 def _schemes_experiment() -> dict:
     return scheme_numbers(scheme_runs(), 20)
 
@@ -234,22 +256,35 @@ def _sweep_experiment() -> dict:
 
 @lessons.lesson("03.slicing_pays_for_wide_layers",
                 "sliced column-then-row over 2 devices, narrow layers lose to one device and "
-                "wide ones gain on it: the speed-up over one device is below 1x at width 32, "
-                "and at least twice as high at width 1024 (the arithmetic grows with width², "
-                "the exchanged activations only with width)",
+                "the loss shrinks as the layers widen: the speed-up over one device is below "
+                "1x at width 32, and at least twice as high at width 1024 (the arithmetic "
+                "grows with width², the exchanged activations only with width)",
                 _sweep_experiment)
 def slicing_pays_for_wide_layers(m: dict):
     lo, hi = SWEEP_WIDTHS[0], SWEEP_WIDTHS[-1]
     narrow, wide = m[2, lo], m[2, hi]
     gain = wide["speed_up"] / narrow["speed_up"]
     figures = (f"on 2 devices, speed-up {narrow['speed_up']:.2f}x at width {lo}, "
-               f"{wide['speed_up']:.2f}x at width {hi} ({gain:.1f} times as high; "
-               f"{narrow['comm_share']:.0%} and {wide['comm_share']:.0%} of the sliced step "
-               "in collectives)")
+               f"{wide['speed_up']:.2f}x at width {hi} ({lessons.beside(gain, 2, digits=1)} "
+               f"times as high; at width {hi} "
+               + ("faster than one device" if wide["speed_up"] > 1 else
+                  "still no faster than one device") + ")")
     failed = ([f"slicing beat one device even at width {lo}"] if narrow["speed_up"] >= 1
-              else []) + ([f"width {hi} gained only {gain:.1f}x on width {lo}"] if gain < 2
-                          else [])
+              else []) + ([f"width {hi} gained only {lessons.beside(gain, 2, digits=1)}x on "
+                           f"width {lo}"] if gain < 2 else [])
     why = "; ".join(failed + [f"the ranks waited for a core {narrow['core_wait_share']:.0%} "
                               f"(width {lo}) and {wide['core_wait_share']:.0%} (width {hi}) "
                               "of the sliced steps"])
     return narrow["speed_up"] < 1 and gain >= 2, figures, why
+
+
+def share_text(m: dict, devices: int = 2) -> str:
+    """One line: how the collectives' share of the sliced step moved from the narrowest
+    to the widest layers on ``devices`` devices, said from the numbers."""
+    lo, hi = m[devices, SWEEP_WIDTHS[0]], m[devices, SWEEP_WIDTHS[-1]]
+    moved = ("fell" if hi["comm_share"] < lo["comm_share"] - 0.02 else
+             "rose" if hi["comm_share"] > lo["comm_share"] + 0.02 else "stayed within 2 points")
+    return (f"on {devices} devices, wait + transfer took {lo['comm_share']:.0%} of the sliced "
+            f"step at width {SWEEP_WIDTHS[0]} and {hi['comm_share']:.0%} at width "
+            f"{SWEEP_WIDTHS[-1]}: its share {moved} as the layers widened (waiting for a "
+            f"core: {lo['core_wait_share']:.0%} and {hi['core_wait_share']:.0%})")

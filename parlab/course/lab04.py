@@ -284,15 +284,20 @@ def micro_batches_pay(n: dict):
     r = rows[best]
     gain = one["step"] / r["step"]
     figures = (f"m = 1 step {one['step'] * 1e3:.0f} ms, quickest m = {best} "
-               f"{r['step'] * 1e3:.0f} ms: {gain:.2f}x (predicted from the measured F and B: "
-               f"{one['predicted_step'] / r['predicted_step']:.2f}x)")
+               f"{r['step'] * 1e3:.0f} ms: {lessons.beside(gain, 1.2)}x (predicted from the "
+               f"measured F and B: {one['predicted_step'] / r['predicted_step']:.2f}x)")
+    why = [f"at m = {best} the stages waited for a core {r['core_wait']:.0%} of the step "
+           f"(m = 1: {one['core_wait']:.0%})"]
+    if r["core_wait"] - one["core_wait"] > 0.05:
+        why[0] = "core contention: " + why[0]
     work = r["work"] / one["work"]
-    contention = r["core_wait"] - one["core_wait"]
-    why = (f"at m = {best} the stages waited for a core {r['core_wait']:.0%} of the step "
-           f"(m = 1: {one['core_wait']:.0%}) and a step's F and B took {work:.2f}x the "
-           "time of m = 1's (smaller micro-batches use a core less well)")
-    if contention > 0.05:
-        why = "core contention: " + why
+    why.append(f"a step's F and B took {work:.2f}x the time of m = 1's"
+               + (" (smaller micro-batches used a core less well)" if work > 1.05 else
+                  " (no dearer than m = 1's: not what held the step back)" if work <= 1.0
+                  else ""))
+    why.append(f"the stages transferred {r['comm']:.0%} of the step (m = 1: {one['comm']:.0%}; "
+               f"{2 * best} hand-overs a step against 2)")
+    why = "; ".join(why)
     return gain >= 1.2, figures, why
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..launcher import launch
 from . import lessons
-from .exercise import Exercise, check, register, run_on_ranks  # noqa: F401 (labNN.check)
+from .exercise import Exercise, check, register, run_on_ranks, whose  # noqa: F401 (labNN.check, labNN.whose)
 from .explorer import (HERE, choice, cluster_choices, cluster_for, explorer,
                        refuse_unless_here, slider)
 

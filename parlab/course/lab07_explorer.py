@@ -14,10 +14,10 @@ def strategy_explorer(here=None, *, global_batches=None, run_shape=None):
     (``lab07.run_hybrid``). Every other number is the cost model's (``parlab.sim``).
     """
     import ipywidgets as w
-    from IPython.display import display
 
     from .. import sim
     from ..plot.steps import plot_step_parts
+    from .explorer import about_text, explorer_box, show_in
     workloads = sim.presets()
     clusters = {}
     if here is not None:
@@ -108,11 +108,9 @@ def strategy_explorer(here=None, *, global_batches=None, run_shape=None):
             entries.append(("▶ " + label if (dp_, tp_, pp_) == chosen else label, pred, None))
             if (dp_, tp_, pp_) == chosen:
                 picked = pred
-        with out:
-            out.clear_output(wait=True)
-            unit = "s" if max(e[1].step_s for e in entries) >= 1 else "ms"
-            display(plot_step_parts(entries, unit=unit, title=f"PREDICTED: {wl.name}, global "
-                                                              f"batch {batch}, on {cl.name}"))
+        unit = "s" if max(e[1].step_s for e in entries) >= 1 else "ms"
+        show_in(out, plot_step_parts(entries, unit=unit, title=f"PREDICTED: {wl.name}, global "
+                                                               f"batch {batch}, on {cl.name}"))
         if picked is None:
             text.value = "<b>the chosen shape does not split this batch</b>"
             return
@@ -161,8 +159,10 @@ def strategy_explorer(here=None, *, global_batches=None, run_shape=None):
         widget.observe(draw, names="value")
     measure.on_click(run_here)
     refresh_choices()
-    return w.VBox([w.HBox([model, cluster]), w.HBox([tp, pp, micro]),
-                   w.HBox([inner, overlap, sharp]), measure, text, out])
+    controls = [model, cluster, tp, pp, micro, inner, overlap, sharp]
+    return explorer_box([w.HBox([model, cluster]), w.HBox([tp, pp, micro]),
+                         w.HBox([inner, overlap, sharp]), measure, text, out],
+                        about_text(controls, True, text.value))
 
 
 AXES_INNER = {"tp innermost": ("dp", "pp", "tp"), "dp innermost": ("tp", "pp", "dp")}

@@ -51,8 +51,8 @@ def zero_explorer():
     per device (``zero_fit``, computed at once), and whether it fits on a 16 GB or an
     80 GB GPU."""
     import ipywidgets as w
-    from IPython.display import display
 
+    from .explorer import about_text, explorer_box, show_in
     style, wide = {"description_width": "initial"}, w.Layout(width="420px")
     size = w.FloatLogSlider(value=1.5e9, base=10, min=6, max=12, step=0.05,
                             description="parameters", style=style, layout=wide,
@@ -63,16 +63,13 @@ def zero_explorer():
 
     def draw(*_):
         lines, fig = zero_fit(int(size.value), n.value, mixed.value)
-        with out:
-            out.clear_output(wait=True)
-            print("model states only; activations come on top")
-            print("\n".join(lines))
-            display(fig)
+        show_in(out, "model states only; activations come on top\n" + "\n".join(lines), fig)
 
     for widget in (size, n, mixed):
         widget.observe(draw, names="value")
     draw()
-    return w.VBox([w.HBox([size, n]), mixed, out])
+    about = about_text([size, n, mixed], False, "", "computed from the ZeRO formulas")
+    return explorer_box([w.HBox([size, n]), mixed, out], about)
 
 
 def memory_explorer():

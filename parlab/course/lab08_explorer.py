@@ -79,7 +79,7 @@ def memory_figure(model: str, gpu: str, devices: int, per_device: int, zero: int
         vals = [mems[z].parts().get(part, 0.0) / GB for z in range(4)]
         if not any(vals):
             continue
-        color = plot.MEMORY_COLORS.get(part) or plot.phase_color(part, extra)
+        color = plot.memory_color(part, extra)
         left.bar(labels, vals, bottom=bottom, label=part, color=color,
                  hatch=plot.HATCHES[plot.PREDICTED], edgecolor="white", linewidth=0.6)
         bottom = [b + v for b, v in zip(bottom, vals)]

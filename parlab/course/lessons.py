@@ -114,6 +114,19 @@ def of_lab(lab: str) -> list[Lesson]:
     return [x for x in _LESSONS.values() if x.lab == lab]
 
 
+def beside(value: float, threshold: float, digits: int = 2, *, at_most: bool = False) -> str:
+    """``value`` with enough decimals to land on the same side of ``threshold`` as the
+    value itself, for a check ``value >= threshold`` (``at_most``: ``value <= threshold``):
+    a check that needs 1.2 prints 1.1996, not a "1.20" that looks passed."""
+    def ok(x):
+        return x <= threshold if at_most else x >= threshold
+    for d in range(digits, digits + 7):
+        text = f"{value:.{d}f}"
+        if ok(float(text)) == ok(value):
+            return text
+    return repr(value)
+
+
 def core_wait_share(timeline, ranks) -> float:
     """Mean share of ``ranks``' lanes spent waiting for a core: the measured reason a
     lesson about parallel work fails where ranks outnumber cores."""

@@ -17,8 +17,8 @@ from .steps import (PART_LABELS, measured_vs_predicted, plot_checkpointing,  # n
                     plot_step_parts)
 from .style import (CANONICAL, COLORS, EXTRA_COLORS, FONT, HATCHES, LABELS,  # noqa: F401
                     MEMORY_COLORS, OKABE_ITO, PHASE_ALIASES, PHASE_COLORS, PHASE_LABELS,
-                    PHASES, PREDICTED, STYLE, finish, phase_color, phase_of, pyplot,
-                    text_color, use_style)
+                    PHASES, PREDICTED, STYLE, finish, memory_color, phase_color, phase_of,
+                    pyplot, text_color, use_style)
 from .timelines import (AXIS_COLORS, AXIS_HATCHES, MORE_AXIS_COLORS,  # noqa: F401
                         axis_color, axis_hatch, timeline, utilization)
 

@@ -7,8 +7,8 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ..trace import COMPUTE
-from .style import (COLORS, FONT, MEMORY_COLORS, OKABE_ITO, PHASE_COLORS, PREDICTED, finish,
-                    phase_color, pyplot)
+from .style import (COLORS, FONT, OKABE_ITO, PHASE_COLORS, PREDICTED, finish, memory_color,
+                    pyplot)
 
 
 REFERENCE_LINKS = {
@@ -126,18 +126,24 @@ def throughput(records: Sequence[dict], *, title: str | None = None):
     a.semilogx(bs, [r["samples_per_s"] for r in records], "o-", base=2, color=PHASE_COLORS[0],
                lw=2, ms=7)
     a.set_ylabel("samples / s", fontsize=FONT)
-    b.loglog(bs, [r["step_s"] * 1e3 for r in records], "o-", base=2, color=PHASE_COLORS[1],
-             lw=2, ms=7)
-    b.set_ylabel("time per step (ms)", fontsize=FONT)
-    from matplotlib.ticker import NullFormatter, ScalarFormatter
+    b.plot(bs, [r["step_s"] * 1e3 for r in records], "o-", color=PHASE_COLORS[1], lw=2, ms=7)
+    b.set_xscale("log", base=2)
+    b.set_yscale("log")
+    # a log axis that reads as one: ticks at 1, 2, 5 of each decade (unevenly spaced) and
+    # a faint line at every other integer between them, and "log scale" in the label
+    b.set_ylabel("time per step (ms, log scale)", fontsize=FONT)
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    b.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    b.yaxis.set_minor_locator(LogLocator(base=10, subs=tuple(float(k) for k in range(1, 10))))
+    b.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    b.yaxis.set_minor_formatter(NullFormatter())
+    b.grid(which="minor", axis="y", alpha=0.12)
     for ax in (a, b):
-        ax.set_xlabel("batch size", fontsize=FONT)
+        ax.set_xlabel("batch size (log scale)", fontsize=FONT)
         ax.set_xticks(bs, [str(x) for x in bs])         # the batch sizes, not powers of 2
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.grid(alpha=0.3)
         ax.tick_params(labelsize=FONT - 2)
-    b.yaxis.set_major_formatter(ScalarFormatter())      # milliseconds as plain numbers
-    b.yaxis.set_minor_formatter(NullFormatter())
     fig.suptitle(title or "throughput (measured)", fontsize=FONT + 1)
     fig.tight_layout()
     return finish(fig)
@@ -160,7 +166,7 @@ def memory(breakdowns: dict, *, title: str | None = None, unit: str = "MB"):
     extra: dict[str, str] = {}
     for part in parts:
         vals = [breakdowns[lab].get(part, 0) / scale for lab in labels]
-        color = MEMORY_COLORS.get(part) or phase_color(part, extra)
+        color = memory_color(part, extra)
         ax.bar(labels, vals, bottom=bottom, label=part, color=color, edgecolor="white", linewidth=0.6)
         bottom = [a + v for a, v in zip(bottom, vals)]
     ax.set_ylabel(f"memory ({unit})", fontsize=FONT)
@@ -196,8 +202,9 @@ def curves(series: dict, *, xlabel: str, ylabel: str, title: str, smooth: int = 
 
     smooth: a running mean over that many points, for noisy per-batch losses (the raw
     points are drawn faintly behind when ``points``).
-    dashed: labels drawn dashed and thinner, on top, so a curve that lies exactly on
-    another one stays visible.
+    dashed: labels drawn dashed and thin, on top, and the other curves then drawn as wide
+    translucent bands: a curve that lies exactly on another one shows as a dashed line
+    inside a band, both visible.
     """
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(11, 4.6))
@@ -210,7 +217,10 @@ def curves(series: dict, *, xlabel: str, ylabel: str, title: str, smooth: int = 
             y = np.convolve(y, np.ones(smooth) / smooth, mode="valid")
             x = x[smooth - 1:]
         if label in dashed:
-            ax.plot(x, y, "--", color=color, lw=1.8, label=label, zorder=3)
+            ax.plot(x, y, "--", color=color, lw=2.0, label=label, zorder=3, dashes=(4, 2.5))
+        elif dashed:
+            ax.plot(x, y, "-", color=color, lw=9, alpha=0.35, label=label,
+                    solid_capstyle="round")
         else:
             ax.plot(x, y, "-", color=color, lw=2.5, label=label)
     if logy:

@@ -36,14 +36,17 @@ PHASES = {"forward": OKABE_ITO["blue"], "backward": OKABE_ITO["bluish green"],
           "update": OKABE_ITO["reddish purple"], "data": OKABE_ITO["sky blue"],
           "emulated slowdown": OKABE_ITO["yellow"], "compute": OKABE_ITO["blue"]}
 PHASE_ALIASES = {"F": "forward", "B": "backward", "apply update": "update",
-                 "average + update": "update", "make data": "data", "t": "forward"}
+                 "average + update": "update", "make data": "data", "t": "forward",
+                 # computation that is none of the four phases: the compute blue
+                 "forward + backward": "compute", "sum gradients": "compute"}
 PHASE_LABELS = {"F": "F (forward)", "B": "B (backward)", "t": "time step"}
-# Memory parts in every figure: each with the colour of the phase that makes it (the
-# forward pass uses the parameters, the backward pass makes gradients, the update keeps
-# the optimizer's state); activations take the data's colour.
-MEMORY_COLORS = {"parameters": PHASES["forward"], "variables": PHASES["forward"],
-                 "gradients": PHASES["backward"], "optimizer state": PHASES["update"],
-                 "activations": PHASES["data"]}
+# Memory parts in every figure: colours of their own, never a phase's (a memory figure
+# beside a timeline must not say "gradients" in the backward pass's green). Paul Tol's
+# "muted" scheme (colour-blind safe, as Okabe-Ito), the members furthest from the
+# phases' colours: indigo, olive, sand, wine, teal.
+MEMORY_COLORS = {"parameters": "#332288", "variables": "#332288", "gradients": "#999933",
+                 "optimizer state": "#DDCC77", "activations": "#882255",
+                 "gathered parameters": "#44AA99"}
 # Any other name takes the next of these (Paul Tol's colour-blind-safe "muted" scheme).
 EXTRA_COLORS = ("#332288", "#999933", "#882255", "#44AA99", "#DDCC77", "#117733", "#88CCEE")
 
@@ -113,6 +116,18 @@ def phase_color(name: str, extra: dict | None = None) -> str:
     if phase not in extra:
         extra[phase] = EXTRA_COLORS[len(extra) % len(EXTRA_COLORS)]
     return extra[phase]
+
+
+def memory_color(part: str, extra: dict | None = None) -> str:
+    """The course's colour for a memory part; other parts take colours that neither a
+    known part nor a phase uses, in the order they come (``extra`` remembers them)."""
+    if part in MEMORY_COLORS:
+        return MEMORY_COLORS[part]
+    extra = {} if extra is None else extra
+    if part not in extra:
+        free = [c for c in EXTRA_COLORS if c not in MEMORY_COLORS.values()]
+        extra[part] = free[len(extra) % len(free)]
+    return extra[part]
 
 
 def text_color(background: str) -> str:

@@ -139,8 +139,11 @@ def timeline(tl: Timeline, *, title: str | None = None, ax=None, names: bool = T
 # The light shades stay well away from idle's grey.
 AXIS_COLORS = {"tp": OKABE_ITO["orange"], "pp": "#A86F00", "dp": "#F2BA48"}
 AXIS_HATCHES = {"tp": None, "pp": "||", "dp": "--"}
-MORE_AXIS_COLORS = ("#C98A00", "#EDB23A", "#7A5100")
-MORE_AXIS_HATCHES = ("oo", "++", "\\\\")
+# Other axes (lab 08's collectives: all_gather, all_reduce, reduce_scatter, in that order)
+# take these: orange shades, none as dark or as red as wait's vermillion, and patterns of
+# rings, crosses and upright stripes, never the diagonal stripes that mark a wait.
+MORE_AXIS_COLORS = ("#C98A00", "#EDB23A", "#E69F00")
+MORE_AXIS_HATCHES = ("oo", "++", "||")
 
 
 def _axis_order(axis):

@@ -84,8 +84,11 @@ def traced_hook(state: dict, bucket):
     world_size = comm.get_world_size(group)
     wire = buf.to(torch.float16) if state["compress"] else buf
     state["buckets"] = state.get("buckets", 0) + 1
+    # numbered: a bucket handed over while the previous one is in flight overlaps it, and
+    # a lane merges touching spans of one name into one bar; each its own name, each its bar
+    name = "fp16 bucket all_reduce" if state["compress"] else "bucket all_reduce"
     fut = comm.all_reduce_async(wire, lane=state["lane"], group=group,
-                                name="fp16 bucket all_reduce" if state["compress"] else "bucket all_reduce")
+                                name=f"{name} {bucket.index()}")
 
     def finish(f):
         reduced = f.value()[0] if isinstance(f.value(), list) else f.value()
