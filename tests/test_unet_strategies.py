@@ -189,7 +189,7 @@ def test_plan_check_runs_the_cost_model_on_the_choice(capsys):
     assert lab10.check_plan(best) is best
     assert "right: it fits" in capsys.readouterr().out
     for plan, said in (({"dp": 8, "pp": 1}, "does not fit in memory"),
-                       ({"dp": 4, "pp": 2, "micro_batches": 2}, "more than 10 % slower"),
+                       ({"dp": 4, "pp": 2, "micro_batches": 4}, "more than 10 % slower"),
                        ({"dp": 4, "pp": 1}, "has 8 devices")):
         use = lab10.check_plan(lambda plan=plan: plan)
         assert use() == choose.best_plan(choose.SCENARIO) and lab10.whose(use) == "the reference"

@@ -203,7 +203,7 @@ def pick(choices: dict, devices: int = DEVICES) -> str:
 class Scenario:
     """A cluster, a U-Net and its batch: what exercise 10.2 asks a plan for."""
 
-    cluster: str = "8 × A100 (NVLink)"
+    cluster: str = "8 × A100 80 GB (NVLink)"
     image: int = 1024
     base: int = 64
     depth: int = 4
