@@ -91,9 +91,12 @@ def test_a_phase_keeps_its_colour_in_every_figure():
     b = Timeline([Span(0, COMPUTE, "update", 0.0, 0.001), Span(0, COMPUTE, "B3", 0.001, 0.003),
                   Span(0, COMPUTE, "F0", 0.003, 0.004), Span(0, COMPUTE, "backward", 0.004, 0.005)])
     ca, cb = _bar_colors(plot.timeline(a, color_by="name")), _bar_colors(plot.timeline(b, color_by="name"))
-    assert ca["backward"][0] == cb["backward"][0] == cb["B (backward)"][0]
+    # names of one colour share one legend entry: two swatches alike would say nothing
+    assert ca["backward"][0] == cb["B (backward), backward"][0]
     assert ca["forward"][0] == cb["F (forward)"][0]
     assert len({ca["forward"][0], ca["backward"][0], cb["update"][0]}) == 3
+    c = Timeline([Span(0, COMPUTE, "forward", 0.0, 0.002), Span(1, COMPUTE, "sum gradients", 0.0, 0.001)])
+    assert list(_bar_colors(plot.timeline(c, color_by="name")))[0] == "forward, sum gradients"
     # and the kinds' colours are never used for a phase
     kinds = {plot.COLORS[k] for k in (COMM, WAIT)}
     assert all(plot.phase_color(n) not in kinds for n in ("forward", "backward", "update", "data"))

@@ -7,7 +7,9 @@ bounded timeout (``reports.provoke``), shows the trimmed report, and runs the fi
 """
 from __future__ import annotations
 
+import os
 import re
+import textwrap
 
 from . import lab09_programs as programs
 from . import lessons, reports
@@ -93,11 +95,19 @@ def deadlock_named_at_the_sends(m: dict):
 
 
 def changed_lines(fn, original) -> str:
-    """The lines of ``fn``'s listing that ``original`` does not have (docstrings aside)."""
+    """The lines of ``fn``'s listing that are new, or in a new place, against ``original``
+    (its header aside): a fix that only swaps two calls shows both of them."""
+    import difflib
     import inspect
-    before = {line.strip() for line in inspect.getsource(original).splitlines()}
-    return "\n".join(line for line in listing(fn).splitlines()[2:]
-                     if line[5:].strip() not in before)
+    before = [line.strip() for line in inspect.getsource(original).splitlines()]
+    shown = listing(fn).splitlines()[2:]
+    after = [line[5:].strip() for line in shown]
+    new = set()
+    for tag, _, _, j1, j2 in difflib.SequenceMatcher(None, before, after,
+                                                      autojunk=False).get_opcodes():
+        if tag in ("replace", "insert"):
+            new.update(range(j1, j2))
+    return "\n".join(line for k, line in enumerate(shown) if k in new)
 
 
 def swap_fixes() -> dict:
@@ -126,6 +136,8 @@ def mismatch_table() -> list[dict]:
     print(f"{'rank 1 differs in':<18}{'debug':<8}what happened")
     for row in rows:
         print(f"{row['kind']:<18}{'DETAIL' if row['detail'] else 'off':<8}{row['said']}")
+    paths = [str(row["outcome"].path) for row in rows]
+    print(f"each run's full report: {paths[0]} ... {paths[-1]} ({len(paths)} files)")
     return rows
 
 
@@ -357,9 +369,11 @@ def nccl_debug_excerpt() -> list[str]:
     lines = path.read_text().splitlines()
     keep = [line for line in lines if any(re.search(p, line) for p in NCCL_LINES)]
     # "vm:491:491 [0] NCCL INFO ...": host:pid:thread [device] — the same on every line here
-    keep = [re.sub(r"^\S+ \[\d+\] NCCL INFO |comm 0x\w+ |commId 0x\w+ ", "", line)[:WIDTH]
+    keep = [textwrap.shorten(re.sub(r"^\S+ \[\d+\] NCCL INFO |comm 0x\w+ |commId 0x\w+ ", "",
+                                    line), WIDTH, placeholder=" ...")
             for line in keep]
-    keep.append(f"  ... {len(lines) - len(keep)} more lines: data/{NCCL_LOG}")
+    # the path as the notebook (in labs/) or a script in another folder can open it
+    keep.append(f"  ... {len(lines) - len(keep)} more lines: {os.path.relpath(path)}")
     print("\n".join(keep))
     return keep
 
@@ -382,8 +396,10 @@ def run_tf_frozen_worker(freeze_at: int = 3, timeout_s: float = 2.0,
 MODES = [  # (failure mode, symptom, what finds it, the runs that show it)
     ("deadlock by message order", "hangs", "the timeout's stacks", ("deadlock",)),
     ("a collective one rank calls", "hangs", "the timeout's stacks", ("collective on rank 0",)),
-    ("mismatched shapes", "a rank aborts (gloo)", "TORCH_DISTRIBUTED_DEBUG=DETAIL",
+    ("mismatched lengths", "a rank aborts (gloo)", "TORCH_DISTRIBUTED_DEBUG=DETAIL",
      ("mismatch length", "mismatch length DETAIL")),
+    ("same bytes, other shape/type", "none: wrong numbers", "TORCH_DISTRIBUTED_DEBUG=DETAIL",
+     ("mismatch shape", "mismatch shape DETAIL")),
     ("replicas drifting apart", "none: every loss falls", "the replica checksum",
      ("own seeds", "bit flip")),
     ("NaN on one rank", "NaN loss on every rank", "the non-finite check", ("NaN",)),

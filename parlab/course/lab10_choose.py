@@ -106,7 +106,8 @@ def calibrate(single_timelines: dict, runs: dict, cfg: UNetConfig, *, simulated:
     costs = replace(alone, forward=tuple(t * slower for t in alone.forward),
                     backward=tuple(t * slower for t in alone.backward),
                     fixed_s=alone.fixed_s * slower,
-                    source=f"{alone.source}, x{slower:.2f} between messages")
+                    source=f"{alone.source}; times {slower:.2f}, a replica's forward and "
+                           f"backward between messages over one device's back to back")
     link = sim.calibrate.link_from_transfers(runs["pp"]["timeline"], ranks=runs["pp"]["ranks"])
     flops = sim.calibrate.compute_rate(net, costs)
     cluster = sim.calibrate.this_machine(link, flops=flops, layer_overhead_s=costs.fixed_s,

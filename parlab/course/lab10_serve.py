@@ -107,7 +107,7 @@ def show_segmentations(images, masks, truth, *, title: str):
             ax.set_yticks([])
             if i == 0:
                 ax.set_title(what, fontsize=12)
-    fig.suptitle(title, fontsize=13)
-    fig.text(0.5, 0.005, "grey: background   blue: disc   orange: square", ha="center",
-             fontsize=11)
+    # the key to the colours under the title, where the eye starts, not below the last row
+    fig.suptitle(f"{title}\ngrey: background   blue: disc   orange: square", fontsize=13)
+    fig.tight_layout()
     return plot.finish(fig)

@@ -100,7 +100,12 @@ def timeline(tl: Timeline, *, title: str | None = None, ax=None, names: bool = T
     kind = "predicted (cost model)" if predicted else "measured"
     ax.set_title(title or f"{kind} timeline", fontsize=FONT + 1)
     if color_by == "name":
-        entries = [(PHASE_LABELS.get(n, n), phase_color(n, extra), None) for n in phases]
+        # names that share a colour (lab 06's "sum gradients" is compute, like "forward")
+        # share one legend entry, not two swatches that look the same
+        by_color: dict[str, list[str]] = {}
+        for n in phases:
+            by_color.setdefault(phase_color(n, extra), []).append(PHASE_LABELS.get(n, n))
+        entries = [(", ".join(names), c, None) for c, names in by_color.items()]
         kinds = [k for k in (COMM, WAIT, CORE_WAIT, IDLE) if k in present]
     elif color_by == "index":
         shown = indices if len(indices) <= 6 else [indices[round(k * (len(indices) - 1) / 5)]

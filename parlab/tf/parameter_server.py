@@ -90,11 +90,12 @@ class _StderrToFile:
     Python), one per lost step; the report summarises them in a line instead.
     """
 
-    def __init__(self):
-        import tempfile
-        self.file = tempfile.NamedTemporaryFile("w+", prefix="parlab-ps-cluster-",
-                                                suffix=".log", delete=False)
-        self.path = self.file.name
+    def __init__(self, folder: str = "traces"):
+        # beside the lab's other traces (labs/traces from a notebook), one file rewritten
+        # each run: a temporary file kept for the learner to read would pile up in /tmp
+        os.makedirs(folder, exist_ok=True)
+        self.path = os.path.join(folder, "ps-cluster-errors.log")
+        self.file = open(self.path, "w+", encoding="utf-8")
 
     def __enter__(self):
         import logging

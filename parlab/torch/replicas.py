@@ -21,6 +21,7 @@ collectives); the answer is the same on every rank.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 
 import torch
@@ -103,7 +104,8 @@ class DriftWatch:
 
     ``first``: None while they agree, else {"step": the step given to check, "tensor": the
     first differing tensor, "tensors": every differing one, "ranks": the ranks that differ
-    from the group's first on that tensor, "max_difference": by how much}.
+    from the group's first on that tensor, "max_difference": the largest difference over
+    every differing tensor (nan if any is NaN)}.
     """
 
     def __init__(self, module_or_tensors, *, group=None, atol: float = 0.0):
@@ -117,8 +119,14 @@ class DriftWatch:
         if found and self.first is None:
             self.first = {"step": step, "tensor": found[0].tensor,
                           "tensors": [d.tensor for d in found], "ranks": list(found[0].ranks),
-                          "max_difference": found[0].max_difference}
+                          "max_difference": _largest(d.max_difference for d in found)}
         return found
+
+
+def _largest(values) -> float:
+    """The largest of ``values``, NaN if any is NaN (``max`` would depend on their order)."""
+    values = list(values)
+    return float("nan") if any(math.isnan(v) for v in values) else max(values)
 
 
 def nonfinite_ranks(tensors: dict[str, torch.Tensor], *, group=None,
