@@ -116,13 +116,20 @@ def simulate(schedule, stages: int, micro_batches: int, forward_s=1.0,
     measurement; plot it with ``parlab.plot.timeline(..., predicted=True)``.
 
     forward_s, backward_s: one number for every stage, or one per stage (e.g. measured
-    on each stage: uneven stages make a bubble the formula does not have)."""
+    on each stage: uneven stages make a bubble the formula does not have), where a stage's
+    entry may itself list one time per micro-batch (the F and B of one measured step:
+    micro-batches that are not equally fast make a bubble the medians do not have)."""
     check(schedule, stages, micro_batches)
     fwd = list(forward_s) if hasattr(forward_s, "__len__") else [forward_s] * stages
     bwd = list(backward_s) if hasattr(backward_s, "__len__") else [backward_s] * stages
     if len(fwd) != stages or len(bwd) != stages:
         raise ValueError(f"give one forward and one backward time per stage ({stages}), got "
                          f"{len(fwd)} and {len(bwd)}")
+    for per_stage in (fwd, bwd):
+        for s, cost in enumerate(per_stage):
+            if hasattr(cost, "__len__") and len(cost) != micro_batches:
+                raise ValueError(f"stage {s}: give one time per micro-batch ({micro_batches}), "
+                                 f"got {len(cost)}")
     finish: dict[tuple[int, str, int], float] = {}
     free = [0.0] * stages
     pos = [0] * stages
@@ -139,7 +146,8 @@ def simulate(schedule, stages: int, micro_batches: int, forward_s=1.0,
                 if kind == "B" and s < stages - 1:
                     deps.append(finish[(s + 1, "B", i)] + transfer_s)
                 start = max([free[s], *deps])
-                end = start + (fwd[s] if kind == "F" else bwd[s])
+                cost = fwd[s] if kind == "F" else bwd[s]
+                end = start + (cost[i] if hasattr(cost, "__len__") else cost)
                 finish[(s, kind, i)] = free[s] = end
                 spans.append(Span(s, COMPUTE, f"{kind}{i}", start, end))
                 pos[s] += 1

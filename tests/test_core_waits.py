@@ -4,8 +4,8 @@ Margins, from runs on the 2-core machine (600 messages of 64 bytes, every rank h
 the same two cores): with two ranks computing beside them, the receiver waited 261-470 ms
 for a core against 73-78 ms of transfer (303 ms against 87 ms with two more busy loops
 running beside the test); two ranks alone waited 12-21 ms. The checks ask for a
-fraction of those gaps: core wait above transfer, and the quiet pair under a third of
-the contended one.
+fraction of those gaps: core wait above transfer, and the quiet pair (the least of up to
+three launches) under a third of the contended one.
 """
 import json
 import time
@@ -91,13 +91,22 @@ def test_the_receiver_of_small_messages_waits_for_a_core_not_for_the_wire(no_lef
     rx = busy.timeline.summary()[1]
     assert rx["core_wait_s"] > 0.1e-3 * MESSAGES, rx          # measured 0.4-0.8 ms a message
     assert rx["core_wait_s"] > rx["comm_s"], rx               # little of it is transfer
-    before = _machine_is_busy()
-    quiet = parlab.launch(workers.small_messages_beside_busy_ranks, 2, args=(MESSAGES, 0.0))
-    why = before or _machine_is_busy()          # other work before or after: not alone
-    if why:
+    # The quiet pair, up to three times, the least-waiting kept: work that starts beside
+    # the suite for a second (a CI run once saw 417 ms where 12-21 ms is usual, with the
+    # spin checks before and after quiet) cannot land on all three launches.
+    tries = []
+    for _ in range(3):
+        before = _machine_is_busy()
+        quiet = parlab.launch(workers.small_messages_beside_busy_ranks, 2, args=(MESSAGES, 0.0))
+        why = before or _machine_is_busy()          # other work before or after: not alone
+        if not why:
+            tries.append(quiet.timeline.summary()[1])
+            if tries[-1]["core_wait_s"] < rx["core_wait_s"] / 3:
+                break
+    if not tries:
         pytest.skip(f"the contended half passed; {why}, so two ranks cannot be alone")
-    alone = quiet.timeline.summary()[1]
-    assert alone["core_wait_s"] < rx["core_wait_s"] / 3, (alone, rx)
+    alone = min(tries, key=lambda t: t["core_wait_s"])
+    assert alone["core_wait_s"] < rx["core_wait_s"] / 3, (tries, rx)
 
 
 def test_the_figures_and_the_perfetto_export_draw_and_name_the_core_wait(tmp_path):
