@@ -32,7 +32,19 @@ def test_sweep_measures_every_size_and_op(no_leftover_ranks):
 def test_default_sizes_and_repeats():
     sizes = bandwidth.default_sizes(2**20)
     assert sizes[0] == 4 and sizes[-1] == 2**20 and all(b == 4 * a for a, b in zip(sizes, sizes[1:]))
-    assert bandwidth.repeats_for(4) == 40 and bandwidth.repeats_for(2**30) == 3
+    assert bandwidth.repeats_for(4) == 40 and bandwidth.repeats_for(2**30) == 5
+
+
+def test_a_sweep_takes_the_sizes_in_turn_and_times_each_its_repeats():
+    sizes = bandwidth.default_sizes(16 * 2**20)
+    order = bandwidth.rounds(sizes, warmup=2)
+    assert order[:2] == [[(n, False) for n in sizes]] * 2           # warm-up: every size, untimed
+    timed = [[n for n, t in one if t] for one in order[2:]]
+    assert all(sum(n == size for one in timed for n in one) == bandwidth.repeats_for(size)
+               for size in sizes)
+    # the largest size's 5 repetitions spread over the sweep, not bunched at its start
+    at = [i for i, one in enumerate(timed) if sizes[-1] in one]
+    assert len(at) == 5 and at[0] < len(timed) / 4 and at[-1] >= len(timed) * 3 / 4
 
 
 @pytest.mark.slow

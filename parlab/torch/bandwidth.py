@@ -23,12 +23,26 @@ def default_sizes(max_bytes: int = 16 * 2**20) -> list[int]:
     return sizes
 
 
-def repeats_for(nbytes: int, traffic_bytes: float = 48e6, lo: int = 3, hi: int = 40) -> int:
-    """Repetitions per size: many for tiny messages (noisy), few for large (slow).
+def repeats_for(nbytes: int, traffic_bytes: float = 48e6, lo: int = 5, hi: int = 40) -> int:
+    """Repetitions per size: many for tiny messages (noisy), few for large (slow), never
+    fewer than 5 (a median of 3 let one slow repetition of 16 MB decide, on 2 cores).
 
     Computed from the size alone, so every rank agrees without talking.
     """
     return int(min(hi, max(lo, traffic_bytes // max(nbytes, 1))))
+
+
+def rounds(sizes, warmup: int = 2) -> list[list[tuple[int, bool]]]:
+    """The order of a sweep: rounds, each a list of (size, timed). Every size is sent in
+    each of the ``warmup`` rounds, untimed, then timed ``repeats_for(size)`` times spread
+    evenly over the rounds that follow, so that a moment when the machine is busy falls
+    on every size alike instead of on whichever size was being measured then."""
+    total = max((repeats_for(n) for n in sizes), default=0)
+    order = [[(n, False) for n in sizes] for _ in range(warmup)]
+    for i in range(total):
+        order.append([(n, True) for n in sizes
+                      if i * repeats_for(n) // total != (i + 1) * repeats_for(n) // total])
+    return order
 
 
 def _time_op(op: str, buf: torch.Tensor, rank: int, world_size: int) -> float:
@@ -61,23 +75,26 @@ def sweep(rank: int, world_size: int, sizes=None, ops=("send_recv", "all_reduce"
     """Median time of each op at each message size, as seen by rank 0.
 
     Returns records {op, world_size, bytes, seconds, repeats}; other ranks return [].
-    For all_reduce on n ranks, the slowest rank decides when the operation is done, so
-    each repetition starts after a barrier and rank 0 reports the median.
+    The sizes are taken in turn, round after round (``rounds``). For all_reduce on n
+    ranks, the slowest rank decides when the operation is done, so each repetition
+    starts after a barrier and rank 0 reports the median.
     """
     if "send_recv" in ops and world_size < 2:
         raise ValueError("send_recv needs at least 2 ranks")
     device = runtime.rank_device()
+    sizes = list(sizes or default_sizes())
+    bufs = {n: torch.zeros(max(n // 4, 1), dtype=torch.float32, device=device) for n in sizes}
     records = []
     for op in ops:
-        for nbytes in sizes or default_sizes():
-            buf = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32, device=device)
-            times = []
-            for i in range(warmup + repeats_for(nbytes)):
+        times = {n: [] for n in sizes}
+        for one_round in rounds(sizes, warmup):
+            for nbytes, timed in one_round:
                 comm.barrier()  # a fair start for every repetition (shows on the timeline)
-                t = _time_op(op, buf, rank, world_size)
-                if i >= warmup:
-                    times.append(t)
-            times.sort()
-            records.append({"op": op, "world_size": world_size, "bytes": buf.numel() * 4,
-                            "seconds": times[len(times) // 2], "repeats": len(times)})
+                t = _time_op(op, bufs[nbytes], rank, world_size)
+                if timed:
+                    times[nbytes].append(t)
+        for nbytes in sizes:
+            ts = sorted(times[nbytes])
+            records.append({"op": op, "world_size": world_size, "bytes": bufs[nbytes].numel() * 4,
+                            "seconds": ts[len(ts) // 2], "repeats": len(ts)})
     return records if rank == 0 else []
