@@ -45,6 +45,9 @@ def test_a_sweep_takes_the_sizes_in_turn_and_times_each_its_repeats():
     # the largest size's 5 repetitions spread over the sweep, not bunched at its start
     at = [i for i, one in enumerate(timed) if sizes[-1] in one]
     assert len(at) == 5 and at[0] < len(timed) / 4 and at[-1] >= len(timed) * 3 / 4
+    # the order within a round is shuffled, the same on every rank (every call)
+    assert order == bandwidth.rounds(sizes, warmup=2)
+    assert len({one[0] for one in timed}) > 3 and len({one[-1] for one in timed}) > 3
 
 
 @pytest.mark.slow

@@ -36,12 +36,17 @@ def rounds(sizes, warmup: int = 2) -> list[list[tuple[int, bool]]]:
     """The order of a sweep: rounds, each a list of (size, timed). Every size is sent in
     each of the ``warmup`` rounds, untimed, then timed ``repeats_for(size)`` times spread
     evenly over the rounds that follow, so that a moment when the machine is busy falls
-    on every size alike instead of on whichever size was being measured then."""
+    on every size alike instead of on whichever size was being measured then. Within a
+    timed round the sizes come in an order shuffled by the round's number (every rank
+    draws the same): no size always follows the largest, or always comes first."""
+    import random
     total = max((repeats_for(n) for n in sizes), default=0)
     order = [[(n, False) for n in sizes] for _ in range(warmup)]
     for i in range(total):
-        order.append([(n, True) for n in sizes
-                      if i * repeats_for(n) // total != (i + 1) * repeats_for(n) // total])
+        one = [(n, True) for n in sizes
+               if i * repeats_for(n) // total != (i + 1) * repeats_for(n) // total]
+        random.Random(i).shuffle(one)
+        order.append(one)
     return order
 
 
