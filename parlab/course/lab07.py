@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from ..launcher import LaunchResult, launch
 from ..split import share
-from ..steps import step_seconds
 from . import lessons
 from .exercise import Exercise, check, register  # noqa: F401 (labNN.check)
 from . import lab07_explorer as _explorer
@@ -101,13 +100,19 @@ def run_hybrid_library(shape: dict | None = None, *, sizes=None, global_batch: i
 
 def survey_hybrid(shapes=HYBRID_SHAPES, *, sizes=None, global_batch: int = 64, steps: int = 8,
                   micro_batches: int = 4, schedule="1f1b", timeout: float = 240.0,
-                  devices=None, pin_cores: bool = False) -> dict:
+                  devices=None, pin_cores: bool = False, rounds: int = 2) -> dict:
     """Calibrate the cost model here, then measure every mesh shape, in one launch.
+
+    The shapes run in turn, ``rounds`` times over (each time ``steps`` steps), and a
+    shape's step is the median of its warm steps of every round: measured in one block,
+    the same plan run twice in one launch (dp 4 × tp 1 and dp 4 × pp 1) differed by up
+    to 1.5x, a busy spell of the machine landing on one shape; taken in turn, a busy
+    spell falls on several shapes alike.
 
     Returns {"cluster": the calibrated ``sim.Cluster``, "calibration": the raw costs,
     "rows": per shape its measured step time, its PREDICTED one (``sim.predict``),
-    bytes per rank per step on each axis, measured and from the formula, and the ranks'
-    mean share of the shape's time spent waiting for a core,
+    bytes per rank per step on each axis, measured (mean over the rounds) and from the
+    formula, and the ranks' mean share of the shape's time spent waiting for a core,
     "timeline": every shape's steps, lanes by global rank}.
     """
     import numpy as np
@@ -122,32 +127,37 @@ def survey_hybrid(shapes=HYBRID_SHAPES, *, sizes=None, global_batch: int = 64, s
     if len(worlds) != 1:
         raise ValueError(f"every shape must cover the same ranks; these need {sorted(worlds)}")
     world = worlds.pop()
-    res = launch(hybrid.survey, world, args=(prepared, sizes, global_batch, steps,
+    res = launch(hybrid.survey, world, args=(prepared * rounds, sizes, global_batch, steps,
                                              micro_batches),
                  timeout=timeout, devices=devices, pin_cores=pin_cores)
     cal = res.results[0]["calibration"]
     cluster = sim.calibrated(cal, sizes, devices=world)
     workload = sim.Workload.mlp(sizes)
+    entries = res.results[0]["shapes"]
     rows = []
-    for (hs, cfg, _), entry in zip(prepared, res.results[0]["shapes"]):
-        window = res.timeline.window(*entry["window"])
+    for k, (hs, cfg, _) in enumerate(prepared):
+        windows = [res.timeline.window(*e["window"]) for e in entries[k::len(prepared)]]
         marker = "forward" if hs.axis == "tp" else "F0"
         plan = sim.Plan(dp=hs.dp, tp=hs.tp, pp=hs.pp, micro_batches=hs.micro_batches(micro_batches))
-        n_steps = len(window.step_windows(marker))
-        measured_bytes = {a: float(np.mean([window.comm_bytes(r, a) for r in window.ranks]))
-                          / n_steps for a in ("dp", hs.axis)}
+        measured_bytes = {a: float(np.mean([w.comm_bytes(r, a) / len(w.step_windows(marker))
+                                            for w in windows for r in w.ranks]))
+                          for a in ("dp", hs.axis)}
         if hs.axis == "tp":
             expected = hybrid.expected_dp_tp(sizes, global_batch, hs.dp, hs.tp)
         else:
             per_stage = hybrid.expected_dp_pp(cfg, hs.dp)
             expected = {a: float(np.mean([per_stage[r % hs.pp][a] for r in range(world)]))
                         for a in ("dp", "pp")}
+        warm = [b - a for w in windows for a, b in w.step_windows(marker)[2:-1]]
+        if not warm:
+            raise ValueError("too few steps to time: run more than 3 per round")
         shape = hs.as_dict()
         rows.append({"shape": shape, "label": " × ".join(f"{a} {n}" for a, n in shape.items()),
-                     "measured_s": step_seconds(window, marker),
+                     "measured_s": float(np.median(warm)),
                      "predicted": sim.predict(workload, cluster, plan, global_batch),
                      "bytes": measured_bytes, "expected_bytes": expected,
-                     "core_wait": lessons.core_wait_share(window, window.ranks)})
+                     "core_wait": float(np.mean([lessons.core_wait_share(w, w.ranks)
+                                                 for w in windows]))})
     return {"cluster": cluster, "calibration": cal, "rows": rows, "timeline": res.timeline}
 
 
