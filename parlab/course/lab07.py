@@ -101,13 +101,10 @@ def run_hybrid_library(shape: dict | None = None, *, sizes=None, global_batch: i
 def survey_hybrid(shapes=HYBRID_SHAPES, *, sizes=None, global_batch: int = 64, steps: int = 8,
                   micro_batches: int = 4, schedule="1f1b", timeout: float = 240.0,
                   devices=None, pin_cores: bool = False, rounds: int = 2) -> dict:
-    """Calibrate the cost model here, then measure every mesh shape, in one launch.
-
-    The shapes run in turn, ``rounds`` times over (each time ``steps`` steps), and a
-    shape's step is the median of its warm steps of every round: measured in one block,
-    the same plan run twice in one launch (dp 4 × tp 1 and dp 4 × pp 1) differed by up
-    to 1.5x, a busy spell of the machine landing on one shape; taken in turn, a busy
-    spell falls on several shapes alike.
+    """Calibrate the cost model here, then measure every mesh shape, in one launch: the
+    shapes in turn, ``rounds`` times over, a shape's step the median of its warm steps in
+    every round (measured in one block, dp 4 × tp 1 and dp 4 × pp 1, one plan, differed
+    up to 1.5x: a busy spell of the machine landed on one shape).
 
     Returns {"cluster": the calibrated ``sim.Cluster``, "calibration": the raw costs,
     "rows": per shape its measured step time, its PREDICTED one (``sim.predict``),
