@@ -316,8 +316,9 @@ def micro_batches_pay(n: dict):
     r = rows[best]
     gain = one["step"] / r["step"]
     figures = (f"m = 1 step {one['step'] * 1e3:.0f} ms, quickest m = {best} "
-               f"{r['step'] * 1e3:.0f} ms: {lessons.beside(gain, MICRO_BATCH_GAIN)}x (predicted from the "
-               f"measured F and B: {one['predicted_step'] / r['predicted_step']:.2f}x)")
+               f"{r['step'] * 1e3:.0f} ms: {lessons.beside(gain, MICRO_BATCH_GAIN)}x "
+               f"(predicted from the measured F and B: "
+               f"{one['predicted_step'] / r['predicted_step']:.2f}x)")
     why = [f"at m = {best} the stages waited for a core {r['core_wait']:.0%} of the step "
            f"(m = 1: {one['core_wait']:.0%})"]
     if r["core_wait"] - one["core_wait"] > 0.05:

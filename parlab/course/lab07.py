@@ -404,9 +404,10 @@ def spearman(a, b) -> float:
 
 
 # dp 4's step against the quickest shape that splits the model. Measured on the quiet
-# 2-core machine, 10 runs: 1.12-1.63x (median 1.31x), dp 4 quickest in every run; its
-# own two measurements (the same plan run twice) differed up to 1.50x, so a margin near
-# 1.3x was a coin toss, and 1.1x is what every run cleared.
+# 2-core machine, 10 runs, each shape in one block: 1.12-1.63x, dp 4 quickest in every
+# run, its own two measurements (one plan run twice) up to 1.50x apart: a margin near
+# 1.3x was a coin toss. With the shapes in turn (survey_hybrid's rounds), 10 runs each:
+# 1.31-1.64x quiet, 1.10-1.47x beside two busy loops.
 DP_MARGIN = 1.1
 
 
@@ -427,8 +428,8 @@ def _core_waits_of(m: dict, dp: list, best: dict) -> str:
 @lessons.lesson("07.data_parallel_quickest_here",
                 "for this small MLP, whose replica fits on every device, plain data parallel "
                 f"(dp 4) takes the quickest step of the six shapes, at least {DP_MARGIN}x "
-                "quicker than every shape that splits the model (tp or pp): it exchanges once per step, "
-                "they exchange at every pair of layers or every micro-batch",
+                "quicker than every shape that splits the model (tp or pp): it exchanges "
+                "once per step, they exchange at every pair of layers or every micro-batch",
                 _survey_experiment)
 def data_parallel_quickest_here(m: dict):
     shapes = m["shapes"]
