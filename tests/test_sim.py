@@ -446,3 +446,14 @@ def test_oversubscribed_cores_make_every_wake_up_and_ring_step_dearer():
     ddp = lambda **kw: sim.data_parallel(net, _free_cluster(cores=2, **kw), 128,  # noqa: E731
                                          devices=2, overlap=True, costs=costs).step_s
     assert ddp(wake_latency_s=1e-3) == pytest.approx(ddp() + 2e-3 + 2e-3)
+
+
+def test_a_compute_fit_whose_larger_steps_were_no_slower_charges_the_steps_to_arithmetic():
+    from parlab.sim import calibrate
+    rate, fixed = calibrate.fit_compute([1e9, 2e9, 4e9], [0.010, 0.020, 0.040], layers=4)
+    assert rate == pytest.approx(1e11) and fixed == pytest.approx(0.0, abs=1e-12)
+    rate, fixed = calibrate.fit_compute([1e9, 2e9, 4e9], [0.012, 0.014, 0.018], layers=4)
+    assert rate == pytest.approx(1 / 2e-12) and fixed == pytest.approx(0.010 / 8)
+    # noise bigger than the arithmetic: the largest step no slower than the smallest
+    rate, fixed = calibrate.fit_compute([1e9, 2e9, 4e9], [0.012, 0.011, 0.0115], layers=4)
+    assert fixed == 0.0 and 1e11 < rate < 1e12          # a finite rate, all of each step

@@ -277,7 +277,7 @@ def _bubble_experiment() -> dict:
                 _bubble_experiment)
 def bubble_as_predicted(n: dict):
     rows = n["by_m"]
-    figures = ("wait + idle against predicted: " + ", ".join(
+    figures = ("wait + idle against the schedule on paper: " + ", ".join(
         f"m = {m} {r['wait_idle']:.2f}/{r['predicted']:.2f}" for m, r in rows.items())
         + " (formula " + ", ".join(f"{r['formula']:.2f}" for r in rows.values()) + ")")
     gap = {m: r["wait_idle"] - r["predicted"] for m, r in rows.items()}

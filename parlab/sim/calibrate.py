@@ -84,10 +84,18 @@ def compute_rate(net, measured) -> float:
 def fit_compute(flops, seconds, layers: int) -> tuple[float, float]:
     """(FLOP/s, fixed seconds per layer pass) from steps of ``flops`` arithmetic that took
     ``seconds``: a straight line, slope 1/rate, intercept the fixed cost of 2 x layers
-    passes (forward and backward of every layer)."""
+    passes (forward and backward of every layer).
+
+    Where the larger steps came out no slower (a slope of zero or less: noise bigger than
+    the arithmetic, seen once in lab 07's calibration at batches 16-64), the line cannot
+    tell the two apart, and the whole of each step is charged to arithmetic: a line
+    through the origin, no fixed cost (instead of an infinite rate)."""
     from ..metrics import fit_line
     slope, intercept = fit_line(flops, seconds)
-    return 1 / max(slope, 1e-30), max(intercept, 0.0) / (2 * layers)
+    if slope <= 0:
+        slope = sum(f * t for f, t in zip(flops, seconds)) / sum(f * f for f in flops)
+        return 1 / slope, 0.0
+    return 1 / slope, max(intercept, 0.0) / (2 * layers)
 
 
 def costs_from_phases(net, batch: int, forward_s: float, backward_s: float, update_s: float):
