@@ -51,6 +51,9 @@ PIPELINES = [(2, 1, "gpipe"), (2, 3, "1f1b"), (2, 4, "gpipe"), (3, 4, "1f1b"), (
              (2, 6, "1f1b")]
 
 
+IN_TURN = (1, 2, 4)          # lab04.bubble_runs' steps, m in turn (LIGHT's 3 steps = 3 rounds)
+
+
 @pytest.fixture(scope="module")
 def pipelines():
     """Every (stages, micro-batches, schedule) above: one launch per number of stages,
@@ -59,6 +62,8 @@ def pipelines():
     for p, m, name in PIPELINES:
         cfg, ops = pl.prepare(LIGHT, p, m, name)
         calls.setdefault(p, {})[(m, name)] = (pl.train_pipeline, (cfg, m, ops))
+    cfg, plan = pl.prepare_in_turn(LIGHT, 2, IN_TURN)
+    calls[2]["in turn"] = (pl.train_pipeline_in_turn, (cfg, plan))
     out = {p: launch_each(c, p) for p, c in calls.items()}
     assert not rank_processes(), "ranks left running"
     return out
@@ -119,3 +124,52 @@ def test_the_1f1b_exercise_check(capsys):
     assert "correct" in capsys.readouterr().out
     assert lab04.check_schedule(schedules.gpipe) is schedules.one_f_one_b
     assert "hold [4, 4]" in capsys.readouterr().out
+
+
+def test_steps_taken_with_each_m_in_turn_train_as_the_sequential_model(pipelines):
+    """lab04.bubble_runs: 3 rounds of m = 1, 2, 4 are 9 steps of the same training."""
+    from dataclasses import replace
+    out = pipelines[2]["in turn"]
+    ref = split.train_reference(replace(LIGHT, steps=LIGHT.steps * len(IN_TURN)))
+    assert out.results[0]["order"] == list(IN_TURN) * LIGHT.steps
+    np.testing.assert_allclose(out.results[-1]["losses"], ref["losses"], atol=TOL)
+    state = {k: v for r in out.results for k, v in r["state"].items()}
+    assert state.keys() == ref["state"].keys()
+    for k, v in ref["state"].items():
+        np.testing.assert_allclose(state[k], v, atol=TOL, err_msg=k)
+
+
+def test_steps_in_turn_are_told_apart_by_their_micro_batches(pipelines):
+    out = pipelines[2]["in turn"]
+    steps = pl.steps_by_micro_batches(out.timeline, 2, out.results[0]["order"])
+    assert {m: len(w) for m, w in steps.items()} == {m: LIGHT.steps for m in IN_TURN}
+    every = sorted(w for ws in steps.values() for w in ws)
+    assert all(a < b <= c for (a, b), (c, _) in zip(every, every[1:]))    # one after another
+    for m, windows in steps.items():           # each window holds exactly that m's F and B
+        for a, b in windows:
+            fb = [s for s in out.timeline.window(a, b) if s.name[:1] in "FB"
+                  and s.name[1:].isdigit() and s.end - s.start > 0]
+            assert len(fb) == 2 * 2 * m, (m, len(fb))
+
+
+def test_steps_in_turn_refuse_an_optimizer_with_state():
+    from dataclasses import replace
+    with pytest.raises(ValueError, match="set optimizer='sgd'"):
+        pl.prepare_in_turn(replace(LIGHT, optimizer="adam"), 2, IN_TURN)
+    with pytest.raises(ValueError, match="does not divide into 5"):
+        pl.prepare_in_turn(LIGHT, 2, (1, 5))
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_the_cost_models_stages_hold_the_executors_layers(p):
+    """lab04.linear_bounds: the executor's cut (module indices, a ReLU after each Linear)
+    as Linear indices; each stage holds the same parameters on both sides."""
+    from parlab import sim
+    cfg = lab04.PIPE
+    bounds = pl.prepare(cfg, p, 4)[0].bounds
+    costs = split.param_costs(split.build(cfg))
+    cut = lab04.linear_bounds(bounds)
+    net = sim.Network.mlp(cfg.sizes)
+    for a, b, x, y in zip([0, *bounds], [*bounds, len(costs)], [0, *cut], [*cut, len(net)]):
+        assert sum(costs[a:b]) == sum(layer.params for layer in net.layers[x:y])
+    assert lab04.linear_bounds([7, 8]) == [4, 4]

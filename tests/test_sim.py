@@ -457,3 +457,33 @@ def test_a_compute_fit_whose_larger_steps_were_no_slower_charges_the_steps_to_ar
     # noise bigger than the arithmetic: the largest step no slower than the smallest
     rate, fixed = calibrate.fit_compute([1e9, 2e9, 4e9], [0.012, 0.011, 0.0115], layers=4)
     assert fixed == 0.0 and 1e11 < rate < 1e12          # a finite rate, all of each step
+
+
+def test_pipeline_costs_are_the_stages_summed_and_shared_by_arithmetic():
+    """lab 04's calibration: per m, the stages' median F and B add up to the network's
+    pass for one micro-batch; a line through them; the rows' part shared by FLOPs."""
+    from parlab.sim import calibrate
+    from parlab.trace import Span, Timeline
+    net = sim.Network.mlp((64, 512, 512, 512, 10))
+    # stage 0 F = 1 ms + 0.01 ms per row, stage 1 twice that; B twice F; m = 1 and 4
+    timelines = {}
+    for m in (1, 4):
+        rows, spans, t = 400 / m, [], 0.0
+        for k in range(m):
+            for r, scale in ((0, 1.0), (1, 2.0)):
+                for kind, x in (("F", 1.0), ("B", 2.0)):
+                    d = x * scale * (1e-3 + 1e-5 * rows)
+                    spans.append(Span(r, COMPUTE, f"{kind}{k}", t, t + d))
+                    t += d
+        spans.append(Span(0, COMPUTE, "update", t, t + 1e-3))
+        timelines[m] = Timeline(spans)
+    costs = calibrate.costs_from_pipeline(net, timelines, 400, stages=2)
+    for rows in (100, 400):
+        whole_f = sum(costs.forward_s(i, rows) for i in range(len(net)))
+        whole_b = sum(costs.backward_s(i, rows) for i in range(len(net)))
+        # one fixed part per layer pass (Measured.fixed_s), shared by F and B alike
+        assert whole_f + whole_b == pytest.approx(9 * (1e-3 + 1e-5 * rows))
+        assert whole_f - whole_b == pytest.approx(-3e-5 * rows)
+    grows = [costs.forward_s(i, 400) - costs.fixed_s for i in range(len(net))]
+    assert grows[0] / grows[1] == pytest.approx(64 / 512, rel=0.01)   # 64 inputs: an eighth
+    assert costs.update_s(net.params) == pytest.approx(2e-3)

@@ -317,17 +317,18 @@ def vertical_slicing(quick: bool = False) -> list[str]:
 
 @benchmark("pipeline_bubble")
 def pipeline_bubble_bench(quick: bool = False) -> list[str]:
+    import dataclasses
+
     import numpy as np
 
-    from parlab.course.lab04 import run_pipeline
+    from parlab.course.lab04 import PIPE, run_pipeline
     from parlab.metrics import pipeline_bubble
     from parlab.pipeline import bubble_share, one_f_one_b, simulate
-    from parlab.split import SplitConfig
     from parlab.torch import pipeline as pl
 
-    # 32 layers of width 256 (weights fit a core's cache), 840 samples per batch:
-    # enough work per micro-batch that a message between the stages is small beside it.
-    cfg = SplitConfig(sizes=(64, *[256] * 32, 10), batch_size=840, steps=3 if quick else 5, lr=0.01)
+    # lab 04's model (16 layers of width 384, 840 samples per batch): enough work per
+    # micro-batch that a message between the stages is small beside it.
+    cfg = dataclasses.replace(PIPE, steps=3 if quick else 5)
     lines, step = [], {}
     for m in (1, 2, 4, 8):
         out = run_pipeline(cfg, 2, m, "1f1b")

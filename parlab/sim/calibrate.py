@@ -111,11 +111,14 @@ def costs_from_phases(net, batch: int, forward_s: float, backward_s: float, upda
 def costs_from_pipeline(net, timelines: dict, batch: int, stages: int):
     """``sim.Measured`` per-layer costs from measured pipeline runs (lab 04).
 
-    timelines: {micro-batches m: Timeline} of runs of ``net`` over ``stages`` stages, two
-    m or more. A micro-batch of batch / m samples takes F (and B) on a stage: the
-    medians of the F<i> (B<i>) spans of every stage, shared equally by the stage's layers
-    (the course's pipeline MLP has layers of equal width). A straight line through them
-    against the micro-batch size gives each layer's fixed cost and its cost per sample.
+    timelines: {micro-batches m: Timeline} of runs of ``net`` over ``stages`` stages (rank
+    s is stage s), two m or more. A micro-batch of batch / m samples passes every stage
+    once, so the sum of the stages' median F<i> (B<i>) spans is the whole network's
+    forward (backward) for it. A straight line through those sums against the
+    micro-batch size gives the fixed part (its intercept, shared equally by the layers'
+    passes) and the part that grows with the rows, shared by the layers' FLOPs
+    (``Measured.from_timeline``'s rule): lab 04's first layer, with 64 inputs, does an
+    eighth of a 512-wide layer's arithmetic, and shared equally it was priced as one.
     The update: the median "update" span, on each stage's share of the parameters.
     """
     import statistics
@@ -123,20 +126,24 @@ def costs_from_pipeline(net, timelines: dict, batch: int, stages: int):
     import numpy as np
 
     from .. import sim
-    per_stage = len(net) / stages
+    from .costs import _layer_weights
     sizes, fwd, bwd = [], [], []
     for m, tl in sorted(timelines.items()):
-        f = [s.duration for s in tl.spans if s.name[:1] == "F" and s.name[1:].isdigit()]
-        b = [s.duration for s in tl.spans if s.name[:1] == "B" and s.name[1:].isdigit()]
+        per_stage = {k: [statistics.median(s.duration for s in tl.spans if s.rank == r
+                                           and s.name[:1] == k and s.name[1:].isdigit())
+                         for r in range(stages)] for k in "FB"}
         sizes.append(batch / m)
-        fwd.append(statistics.median(f) / per_stage)
-        bwd.append(statistics.median(b) / per_stage)
+        fwd.append(sum(per_stage["F"]))
+        bwd.append(sum(per_stage["B"]))
+    n = len(net)
     (sf, af), (sb, ab) = np.polyfit(sizes, fwd, 1), np.polyfit(sizes, bwd, 1)
-    fixed = max((af + ab) / 2, 0.0)
+    fixed = max((af + ab) / (2 * n), 0.0)
     ref = max(sizes)
+    weights = _layer_weights(net, None, int(ref))
+    share = [w / sum(weights) for w in weights]
     update = statistics.median(s.duration for tl in timelines.values() for s in tl.spans
                                if s.name == "update") * stages
-    n = len(net)
-    return sim.Measured(tuple([fixed + max(sf, 0) * ref] * n), tuple([fixed + max(sb, 0) * ref] * n),
+    return sim.Measured(tuple(fixed + max(sf, 0) * ref * w for w in share),
+                        tuple(fixed + max(sb, 0) * ref * w for w in share),
                         update, int(ref), net.params, fixed,
                         source=f"measured with {', '.join(map(str, sorted(timelines)))} micro-batches")

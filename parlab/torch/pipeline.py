@@ -46,6 +46,19 @@ def prepare(cfg: SplitConfig, stages: int, micro_batches: int, schedule="1f1b"):
     return replace(cfg, bounds=stage_bounds(cfg, stages)), [[tuple(op) for op in s] for s in ops]
 
 
+def prepare_in_turn(cfg: SplitConfig, stages: int, micro_batches, schedule="1f1b"):
+    """``prepare`` for ``train_pipeline_in_turn``: the config and its plan, one (m, schedule)
+    per micro-batch count, each checked as ``prepare`` checks it."""
+    if cfg.optimizer != "sgd":
+        raise ValueError(f"steps taken in turn need an optimizer without state between "
+                         f"steps: set optimizer='sgd' (got {cfg.optimizer!r})")
+    plan = []
+    for m in micro_batches:
+        cfg_m, ops = prepare(cfg, stages, m, schedule)
+        plan.append((m, ops))
+    return cfg_m, plan
+
+
 # ------------------------------------------------------------------ the executor
 def train_pipeline(rank: int, world_size: int, cfg: SplitConfig, micro_batches: int, ops,
                    *, group=None, batches=None, before_update=None) -> dict:
@@ -62,20 +75,56 @@ def train_pipeline(rank: int, world_size: int, cfg: SplitConfig, micro_batches: 
         before the optimizer step; a replica averages its gradients over data parallel.
     """
     g = as_group(group)
+    stage = _stages(cfg, g, [micro_batches])[micro_batches]
+    if batches is None:
+        batches = training.digit_batches(cfg.model, cfg.batch_size)
+    return run_stage(stage, micro_batches, ops, batches, steps=cfg.steps,
+                     optimizer=cfg.optimizer, lr=cfg.lr, group=g, before_update=before_update)
+
+
+def train_pipeline_in_turn(rank: int, world_size: int, cfg: SplitConfig, plan, *,
+                           group=None) -> dict:
+    """Rank function: the steps of several micro-batch counts taken in turn, ``plan``
+    ([(m, schedule), ...], from ``prepare_in_turn``) played ``cfg.steps`` times over:
+    m = 1, 2, 4, 8, then 1, 2, 4, 8 again, and so on, one launch for all of them.
+
+    Why in turn: measured one launch per m beside other programs, a busy second of the
+    machine fell on one m and not the next, and which m was quickest changed with it
+    (lab 04's micro-batch lesson shown 6-7 runs in 10 there); in turn, every m meets the
+    same moments. The stage trains throughout: plain SGD keeps nothing between steps,
+    so a step with a new m goes on from the last step's weights exactly.
+    Returns {"order": the m of every step, "losses": the last stage's loss per step,
+    "state": the stage's weights at the end}.
+    """
+    g = as_group(group)
+    stages = _stages(cfg, g, [m for m, _ in plan])
+    batches = training.digit_batches(cfg.model, cfg.batch_size)
+    out = {"order": [], "losses": []}
+    for _ in range(cfg.steps):
+        for m, ops in plan:
+            one = run_stage(stages[m], m, ops, batches, steps=1, optimizer=cfg.optimizer,
+                            lr=cfg.lr, group=g)
+            out["order"].append(m)
+            out["losses"] += one["losses"]
+    out["state"] = one["state"]
+    return out
+
+
+def _stages(cfg: SplitConfig, g, micro_batches) -> dict:
+    """{m: this rank's ``Stage`` for micro-batches of batch / m rows}, all on one module:
+    its layers of ``cfg.bounds``, receiving what crosses the cut before it."""
     model = split.build(cfg)
     edges = [0, *cfg.bounds, len(model)]
     if len(edges) - 1 != g.size:
         raise ValueError(f"the config cuts the model into {len(edges) - 1} stages but the "
                          f"group has {g.size} ranks: prepare it with stages={g.size}")
     shape = split.input_shape(cfg)
-    shapes = training.boundary_shapes(model, (shape[0] // micro_batches, *shape[1:]))
     part = model[edges[g.index]:edges[g.index + 1]]
-    del model
-    stage = Stage(part, receives=() if g.first else (("", shapes[edges[g.index]]),))
-    if batches is None:
-        batches = training.digit_batches(cfg.model, cfg.batch_size)
-    return run_stage(stage, micro_batches, ops, batches, steps=cfg.steps,
-                     optimizer=cfg.optimizer, lr=cfg.lr, group=g, before_update=before_update)
+    out = {}
+    for m in micro_batches:
+        shapes = training.boundary_shapes(model, (shape[0] // m, *shape[1:]))
+        out[m] = Stage(part, receives=() if g.first else (("", shapes[edges[g.index]]),))
+    return out
 
 
 @dataclass
@@ -254,6 +303,18 @@ def step_windows(timeline, stages: int, micro_batches: int,
     for k in range(n):
         chunk = [s for r in per_rank for s in per_rank[r][2 * micro_batches * k: 2 * micro_batches * (k + 1)]]
         out.append((min(s.start for s in chunk), max(s.end for s in chunk)))
+    return out
+
+
+def steps_by_micro_batches(timeline, stages: int, order, ranks=None) -> dict[int, list]:
+    """{m: (start, end) of the F/B part of each of its steps} of a run whose steps took
+    the micro-batch counts ``order`` in turn (``train_pipeline_in_turn``'s "order")."""
+    per_rank = _fb_spans(timeline, stages, ranks)
+    out, at = {}, 0
+    for m in order:
+        chunk = [s for spans in per_rank.values() for s in spans[at: at + 2 * m]]
+        out.setdefault(m, []).append((min(s.start for s in chunk), max(s.end for s in chunk)))
+        at += 2 * m
     return out
 
 
