@@ -19,6 +19,7 @@ def test_sweep_measures_every_size_and_op(no_leftover_ranks):
     assert [(r["op"], r["bytes"]) for r in records] == [
         (op, s) for op in ("send_recv", "all_reduce") for s in sizes]
     assert all(r["seconds"] > 0 and r["repeats"] >= 3 for r in records)
+    assert all(0 < r["lower_quartile_s"] <= r["seconds"] for r in records)
     # bigger messages take longer: the bandwidth term is real
     for op in ("send_recv", "all_reduce"):
         times = [r["seconds"] for r in records if r["op"] == op]

@@ -70,12 +70,15 @@ def test_latency_then_bandwidth_not_shown_when_the_largest_is_still_latency_boun
     assert "half-speed size 15 MB) gives 2.0x: latency still counts at 1 MB" in v.why
 
 
-def test_link_numbers_picks_one_curve_in_size_order():
-    records = [{"op": "send_recv", "world_size": 2, "bytes": 16, "seconds": 2.0},
-               {"op": "all_reduce", "world_size": 2, "bytes": 4, "seconds": 9.0},
-               {"op": "send_recv", "world_size": 2, "bytes": 4, "seconds": 1.0}]
+def test_link_numbers_picks_one_curve_in_size_order_by_its_lower_quartiles():
+    records = [{"op": "send_recv", "world_size": 2, "bytes": 16, "seconds": 2.0,
+                "lower_quartile_s": 1.5},
+               {"op": "all_reduce", "world_size": 2, "bytes": 4, "seconds": 9.0,
+                "lower_quartile_s": 8.0},
+               {"op": "send_recv", "world_size": 2, "bytes": 4, "seconds": 1.0,
+                "lower_quartile_s": 0.5}]
     m = lab00.link_numbers(records)
-    assert m["bytes"] == [4, 16] and m["seconds"] == [1.0, 2.0]
+    assert m["bytes"] == [4, 16] and m["seconds"] == [0.5, 1.5]
 
 
 def test_lab00_has_its_two_lessons():
