@@ -156,6 +156,8 @@ def test_steps_in_turn_refuse_an_optimizer_with_state():
     from dataclasses import replace
     with pytest.raises(ValueError, match="set optimizer='sgd'"):
         pl.prepare_in_turn(replace(LIGHT, optimizer="adam"), 2, IN_TURN)
+    with pytest.raises(ValueError, match="at least one micro-batch count"):
+        pl.prepare_in_turn(LIGHT, 2, ())
     with pytest.raises(ValueError, match="does not divide into 5"):
         pl.prepare_in_turn(LIGHT, 2, (1, 5))
 

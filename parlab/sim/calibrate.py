@@ -117,8 +117,8 @@ def costs_from_pipeline(net, timelines: dict, batch: int, stages: int):
     forward (backward) for it. A straight line through those sums against the
     micro-batch size gives the fixed part (its intercept, shared equally by the layers'
     passes) and the part that grows with the rows, shared by the layers' FLOPs
-    (``Measured.from_timeline``'s rule): lab 04's first layer, with 64 inputs, does an
-    eighth of a 512-wide layer's arithmetic, and shared equally it was priced as one.
+    (``Measured.from_timeline``'s rule): lab 04's first layer, with 64 inputs, does a
+    sixth of a 384-wide layer's arithmetic, and shared equally it was priced as one.
     The update: the median "update" span, on each stage's share of the parameters.
     """
     import statistics

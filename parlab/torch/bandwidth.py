@@ -77,7 +77,7 @@ def _time_op(op: str, buf: torch.Tensor, rank: int, world_size: int) -> float:
 
 def sweep(rank: int, world_size: int, sizes=None, ops=("send_recv", "all_reduce"),
           warmup: int = 2) -> list[dict]:
-    """Median time of each op at each message size, as seen by rank 0.
+    """Median (and lower quartile) time of each op at each message size, as seen by rank 0.
 
     Returns records {op, world_size, bytes, seconds (the median), lower_quartile_s,
     repeats}; other ranks return [].

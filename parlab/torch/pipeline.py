@@ -49,6 +49,8 @@ def prepare(cfg: SplitConfig, stages: int, micro_batches: int, schedule="1f1b"):
 def prepare_in_turn(cfg: SplitConfig, stages: int, micro_batches, schedule="1f1b"):
     """``prepare`` for ``train_pipeline_in_turn``: the config and its plan, one (m, schedule)
     per micro-batch count, each checked as ``prepare`` checks it."""
+    if not micro_batches:
+        raise ValueError("give at least one micro-batch count, e.g. (1, 2, 4, 8)")
     if cfg.optimizer != "sgd":
         raise ValueError(f"steps taken in turn need an optimizer without state between "
                          f"steps: set optimizer='sgd' (got {cfg.optimizer!r})")
