@@ -43,7 +43,7 @@ def measure(quick: bool = False) -> dict:
     import numpy as np
 
     from ..course.calibrate import measure_this_machine
-    from ..course.lab04 import run_pipeline
+    from ..course.lab04 import linear_bounds, run_pipeline
     from ..course.lab07 import survey_hybrid
     from ..launcher import launch
     from ..split import SplitConfig
@@ -79,7 +79,7 @@ def measure(quick: bool = False) -> dict:
 
     cfg = SplitConfig(sizes=SIM_PIPELINE_SIZES, batch_size=256, steps=10 if quick else 30,
                       lr=0.01)
-    out["lab04 bounds"] = [(b + 1) // 2 for b in pl.stage_bounds(cfg, 2)]
+    out["lab04 bounds"] = linear_bounds(pl.stage_bounds(cfg, 2))
     for schedule in ("gpipe", "1f1b"):
         res = run_pipeline(cfg, 2, 4, schedule)
         out[f"lab04 {schedule}"] = {"step": step_seconds(res.timeline, "F0", skip=0),

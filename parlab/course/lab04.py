@@ -226,11 +226,11 @@ def bubble_runs(devices=None, micro_batches=MICRO_BATCHES, cfg: SplitConfig = PI
                  devices=devices or find_devices(2), pin_cores=True)
     tl = res.timeline
     steps = pipeline.steps_by_micro_batches(tl, 2, res.results[0]["order"])
-    starts = sorted(a for windows in steps.values() for a, _ in windows) + [tl.end]
+    starts = sorted(a for windows in steps.values() for a, _ in windows)
     # each step from its first F to the next step's first F: its update and waits with it
+    step_end = dict(zip(starts, [*starts[1:], tl.end]))
     return {m: LaunchResult(res.results, Timeline.merge(
-                tl.window(a, starts[starts.index(a) + 1]) for a, _ in windows),
-                res.devices, res.wall_time)
+                tl.window(a, step_end[a]) for a, _ in windows), res.devices, res.wall_time)
             for m, windows in steps.items()}
 
 
