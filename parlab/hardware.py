@@ -56,6 +56,13 @@ class DeviceSet:
     reason: str
     shared: bool = False    # several ranks per GPU, messages through host memory
 
+    def like(self, n: int) -> "DeviceSet":
+        """``n`` devices of this set's kind (real GPUs, ranks sharing a GPU, or simulated), for
+        a comparison that must not change kind with the count: one device on the GPU against
+        two simulated on the CPU would compare a GPU with the CPU."""
+        mode = "shared-gpu" if self.shared else "cpu" if self.simulated else "gpu"
+        return devices(n, framework=self.framework, mode=mode)
+
     def label(self, rank: int) -> str:
         suffix = " (simulated)" if self.simulated else " (shared)" if self.shared else ""
         return f"rank {rank} · {self.names[rank]}{suffix}"
@@ -192,6 +199,18 @@ def devices(n: int, *, simulate: bool | None = None, framework: str = "torch",
         backend = "logical"
         _configure_logical("CPU", n)
     return DeviceSet(n, framework, "cpu", True, backend, names, gpus, reason)
+
+
+def devices_alike(counts, *, framework: str = "torch", mode: str | None = None) -> dict:
+    """{n: DeviceSet} for each n in ``counts``, all of the kind ``devices`` picks for the
+    largest count (``DeviceSet.like``). A speed-up over fewer devices compares like with like
+    only so: with one GPU, mode "auto" puts one device on the GPU and two simulated ones on
+    the CPU (on an H100 lab 05 measured "2 devices 0.07x one device" that way)."""
+    counts = list(counts)
+    if not counts:
+        raise ValueError("devices_alike needs at least one device count")
+    largest = devices(max(counts), framework=framework, mode=mode)
+    return {n: largest.like(n) for n in counts}
 
 
 def _shared_gpu(n: int, framework: str, gpus: int, reason: str) -> DeviceSet:

@@ -91,3 +91,23 @@ def test_the_line_says_who_chose_the_mode(gpus, monkeypatch):
     assert parlab.devices(2).describe().endswith("simulation set by PARLAB_DEVICES")
     monkeypatch.setenv(hardware.MODE_ENV, "shared-gpu")
     assert parlab.devices(2).describe().endswith("shared-GPU mode set by PARLAB_DEVICES")
+
+
+def test_counts_compared_with_each_other_get_one_kind_of_device(gpus):
+    # one GPU: "auto" would put 1 device on it and simulate 2 and 4 on the CPU
+    gpus(1)
+    alike = hardware.devices_alike((1, 2, 4))
+    assert list(alike) == [1, 2, 4]
+    assert all(d.simulated and d.kind == "cpu" for d in alike.values())
+    assert parlab.devices(1).kind == "cuda"            # what the mismatch would have been
+    assert parlab.devices(2).like(1).simulated
+    shared = hardware.devices_alike((1, 4), mode="shared-gpu")
+    assert all(d.shared and d.names[0] == "cuda:0" for d in shared.values())
+    # enough GPUs for the largest count: real GPUs throughout
+    gpus(4)
+    assert all(d.kind == "cuda" and not d.simulated and not d.shared
+               for d in hardware.devices_alike((2, 4)).values())
+    gpus(0)
+    assert parlab.devices(4).like(1).names == ("cpu",)
+    with pytest.raises(ValueError, match="at least one device count"):
+        hardware.devices_alike(())

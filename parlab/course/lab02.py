@@ -191,8 +191,10 @@ def _mlp_experiment() -> dict:
 
     from ..hardware import devices
     from ..torch import split
-    run = launch(split.train_split, 2, kwargs=dict(cfg=MLP), devices=devices(2))
-    one = launch(split.train_split, 1, kwargs=dict(cfg=replace(MLP, bounds=[])))
+    two = devices(2)
+    run = launch(split.train_split, 2, kwargs=dict(cfg=MLP), devices=two)
+    one = launch(split.train_split, 1, kwargs=dict(cfg=replace(MLP, bounds=[])),
+                 devices=two.like(1))   # a GPU against simulated CPU devices proves nothing
     return {**one_at_a_time_numbers(run), **step_numbers(run, one)}
 
 

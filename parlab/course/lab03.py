@@ -227,10 +227,11 @@ def column_row_steps_faster(m: dict):
 
 def sweep_runs(counts=(2, 4), widths=SWEEP_WIDTHS) -> dict:
     """``tp.width_sweep`` on n ranks for each n of ``counts``: {n: LaunchResult}."""
-    from ..hardware import devices as find_devices
+    from ..hardware import devices_alike
     from ..torch import tensor_parallel as tp
-    return {n: launch(tp.width_sweep, n, devices=find_devices(n), kwargs=dict(widths=widths))
-            for n in counts}
+    # every count on one kind of device (two GPUs would put 2 ranks on them and simulate 4)
+    return {n: launch(tp.width_sweep, n, devices=on, kwargs=dict(widths=widths))
+            for n, on in devices_alike(counts).items()}
 
 
 def sweep_numbers(runs: dict) -> dict:

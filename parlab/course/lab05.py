@@ -285,11 +285,13 @@ def scaling_runs(counts=(1, 2, 4), steps: int = 20, global_batch: int = SCALING_
     a global batch of 512 (45 ms a step on one device, against 2-5 ms of all-reduce and
     waiting for buckets) and 18 warm steps keep the 2-device speed-up at 1.36-1.65x
     (median 1.55x) run after run, and at 1.39-1.75x with two busy loops beside it."""
-    from ..hardware import devices
+    from ..hardware import devices_alike
     from ..torch import data_parallel as dp
-    return {n: launch(dp.train_data_parallel, n, devices=devices(n), kwargs=dict(
+    # every count on one kind of device: one device on a GPU against two simulated on the
+    # CPU would compare a GPU with the CPU
+    return {n: launch(dp.train_data_parallel, n, devices=on, kwargs=dict(
         mode="ddp", model="conv_stack", global_batch=global_batch, steps=steps, lr=0.05))
-        for n in counts}
+        for n, on in devices_alike(counts).items()}
 
 
 def scaling_numbers(runs: dict, skip: int = 2) -> dict:
