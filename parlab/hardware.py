@@ -60,8 +60,15 @@ class DeviceSet:
         """``n`` devices of this set's kind (real GPUs, ranks sharing a GPU, or simulated), for
         a comparison that must not change kind with the count: one device on the GPU against
         two simulated on the CPU would compare a GPU with the CPU."""
+        from dataclasses import replace
+        chosen = devices(n, framework=self.framework)      # what the setting picks for n
+        if (chosen.kind, chosen.simulated, chosen.shared) == (self.kind, self.simulated,
+                                                              self.shared):
+            return chosen
         mode = "shared-gpu" if self.shared else "cpu" if self.simulated else "gpu"
-        return devices(n, framework=self.framework, mode=mode)
+        return replace(devices(n, framework=self.framework, mode=mode),
+                       reason=f"the kind of the {self.n} devices it is compared with "
+                              f"({self.reason})")
 
     def label(self, rank: int) -> str:
         suffix = " (simulated)" if self.simulated else " (shared)" if self.shared else ""

@@ -111,3 +111,11 @@ def test_counts_compared_with_each_other_get_one_kind_of_device(gpus):
     assert parlab.devices(4).like(1).names == ("cpu",)
     with pytest.raises(ValueError, match="at least one device count"):
         hardware.devices_alike(())
+
+
+def test_a_like_set_says_why_it_is_not_what_the_setting_would_pick(gpus):
+    gpus(1)
+    one = parlab.devices(2).like(1)
+    assert one.simulated and one.reason.startswith("the kind of the 2 devices it is compared with")
+    gpus(0)
+    assert parlab.devices(2).like(1).reason == "no GPU visible"     # the setting's own choice
