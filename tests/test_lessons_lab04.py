@@ -168,3 +168,17 @@ def test_micro_batches_pay_does_not_blame_small_micro_batches_that_cost_no_more(
     assert not v.shown and "F and B took 0.98x the time of m = 1's (no dearer" in v.why
     assert "less well" not in v.why and "core contention" not in v.why
     assert "transferred 12% of the step (m = 1: 2%; 8 hand-overs a step against 2)" in v.why
+
+
+def test_the_typical_step_drawn_holds_the_updates_that_follow_its_last_backward():
+    one = pipeline.simulate(pipeline.make("gpipe", 2, 2), 2, 2, 1.0, 2.0)
+    spans, t0, starts = [], 0.0, []
+    for _ in range(3):
+        starts.append(t0)
+        spans += [Span(s.rank, s.kind, s.name, t0 + s.start, t0 + s.end) for s in one]
+        spans += [Span(r, "compute", "update", t0 + one.duration, t0 + one.duration + 0.5)
+                  for r in range(2)]
+        t0 += one.duration + 1.0
+    a, b = lab04.typical_step(Timeline(spans), 2, 2)
+    assert a in starts[1:]
+    assert b == pytest.approx(a + one.duration + 0.5)      # the update, not the next step

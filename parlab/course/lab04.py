@@ -74,12 +74,18 @@ def check_schedule(fn, cases=((2, 4), (3, 5), (4, 8))):
 
 def typical_step(timeline, stages: int, micro_batches: int) -> tuple[float, float]:
     """(start, end) of the warm step (the first pays for start-up) nearest the median warm
-    step: the step to draw, where the last one may be an outlier."""
+    step: the step to draw, where the last one may be an outlier. Chosen by its F/B part;
+    the window goes on to the end of the stages' updates that follow it (before the next
+    step's first F), so a drawing of it shows every stage's whole step."""
     from ..torch.pipeline import step_windows
     windows = step_windows(timeline, stages, micro_batches)
     warm = windows[1:] or windows
     median = _median([b - a for a, b in warm])
-    return min(warm, key=lambda w: abs(w[1] - w[0] - median))
+    start, end = min(warm, key=lambda w: abs(w[1] - w[0] - median))
+    later = [a for a, _ in windows if a > start]
+    until = min(later) if later else float("inf")
+    ends = [s.end for s in timeline if s.name == "update" and start <= s.start < until]
+    return start, max([end, *ends])
 
 
 def linear_bounds(bounds) -> list[int]:
