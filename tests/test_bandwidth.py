@@ -118,3 +118,26 @@ def test_the_sim_benchmark_reports_the_median_over_rounds_against_each_target():
                                 "shares within 0.05 for 0 of 1")
     assert lines[-1].endswith("of the 2 outside, 1 moved between rounds by more than the "
                               "tolerance allows (step 1.35x, share 0.10)")
+
+
+def test_shares_against_the_model_count_a_messages_core_wait_as_waiting():
+    # the model charges a woken rank's wait for a core to the message (its wake-up);
+    # a compute span's own core wait stays a core wait
+    from parlab.bench.sim import as_the_model_counts
+    from parlab.spans import Span
+    from parlab.timeline import Timeline
+    from parlab.steps import warm_shares
+    spans = []
+    for k in range(4):
+        t = 10.0 * k
+        spans += [Span(0, "compute", "forward", t, t + 4.0, core_wait_s=1.0),
+                  Span(0, "comm", "all_reduce", t + 4.0, t + 10.0, core_wait_s=3.0)]
+    measured = Timeline(spans)
+    counted = as_the_model_counts(measured)
+    kinds = {(s.kind, s.name) for s in counted}
+    assert ("wait", "all_reduce (core wait)") in kinds
+    assert ("core_wait", "forward (core wait)") in kinds
+    before, after = (warm_shares(tl, "forward", skip=1) for tl in (measured, counted))
+    assert before["comm"] + before["idle"] == pytest.approx(0.3)
+    assert after["comm"] + after["idle"] == pytest.approx(0.6)
+    assert after["core_wait"] == pytest.approx(0.1)
