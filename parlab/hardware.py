@@ -61,6 +61,11 @@ class DeviceSet:
         a comparison that must not change kind with the count: one device on the GPU against
         two simulated on the CPU would compare a GPU with the CPU."""
         from dataclasses import replace
+        if self.framework != "torch":
+            # a second parlab.devices call would re-split TensorFlow's logical devices,
+            # which TensorFlow refuses once it has started
+            raise ValueError("like() is for PyTorch device sets; with TensorFlow, take the "
+                             f"first {n} of one set's devices: devs.names[:{n}]")
         chosen = devices(n, framework=self.framework)      # what the setting picks for n
         if (chosen.kind, chosen.simulated, chosen.shared) == (self.kind, self.simulated,
                                                               self.shared):

@@ -119,3 +119,10 @@ def test_a_like_set_says_why_it_is_not_what_the_setting_would_pick(gpus):
     assert one.simulated and one.reason.startswith("the kind of the 2 devices it is compared with")
     gpus(0)
     assert parlab.devices(2).like(1).reason == "no GPU visible"     # the setting's own choice
+
+
+def test_like_refuses_tensorflow_sets_and_says_what_to_use():
+    tf_set = hardware.DeviceSet(2, "tf", "cpu", True, "logical", ("/device:CPU:0", "/device:CPU:1"),
+                                0, "no GPU visible")
+    with pytest.raises(ValueError, match=r"devs.names\[:1\]"):
+        tf_set.like(1)
