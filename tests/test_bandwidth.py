@@ -123,7 +123,7 @@ def test_the_sim_benchmark_reports_the_median_over_rounds_against_each_target():
 def test_shares_against_the_model_count_a_messages_core_wait_as_waiting():
     # the model charges a woken rank's wait for a core to the message (its wake-up);
     # a compute span's own core wait stays a core wait
-    from parlab.bench.sim import as_the_model_counts
+    from parlab.steps import as_the_model_counts
     from parlab.spans import Span
     from parlab.timeline import Timeline
     from parlab.steps import warm_shares

@@ -22,7 +22,7 @@ from __future__ import annotations
 import statistics
 
 from ..mesh import HybridShape
-from ..steps import step_seconds, warm_shares
+from ..steps import as_the_model_counts, step_seconds, warm_shares
 from .registry import benchmark
 
 SIM_SIZES = (64, 256, 256, 128, 10)       # the course's MLP (labs 02, 03, 05, 06, 07)
@@ -307,24 +307,6 @@ def sim_bench(quick: bool = False) -> list[str]:
 
 
 # ------------------------------------------------------------------ helpers
-def as_the_model_counts(timeline):
-    """The measured timeline with each wait for a core carved out of a transfer or a wait
-    counted as waiting: the cost model has no core-wait kind, and charges a rank woken by
-    a message its wake-up as part of that message (``sim.engine``: ``wake_s`` in the wait,
-    ring wake-ups in the transfer). Waits for a core carved out of computation stay apart,
-    as the model's compute holds none. So a share of transfer and waiting compares like
-    with like: measured transfer + wait + idle + the messages' core waits."""
-    from dataclasses import replace
-
-    from ..core_waits import waiting_name
-    from ..spans import COMM, CORE_WAIT, WAIT
-    from ..timeline import Timeline
-    messages = {waiting_name(s.name) for s in timeline if s.kind in (COMM, WAIT)}
-    spans = [replace(s, kind=WAIT) if s.kind == CORE_WAIT and s.name in messages else s
-             for s in timeline]
-    return Timeline(spans, timeline.labels, timeline.ranks)
-
-
 def core_wait_share(timeline, marker: str, skip: int = 2) -> float:
     """The ranks' mean share of their warm steps (after the first ``skip``) spent waiting
     for a core (the measured ``core_wait`` spans)."""
