@@ -28,7 +28,8 @@ if [ "$gpus" = 0 ]; then
     exit 0
 fi
 
-if ! "$PYTHON" -c 'import pytest, nbval, ipykernel, cloudpickle, matplotlib, psutil' 2>/dev/null; then
+TOOLS='import pytest, nbval, ipykernel, cloudpickle, matplotlib, psutil'   # what the run needs
+if ! "$PYTHON" -c "$TOOLS" 2>/dev/null; then
     if [ ! -d wheels ]; then
         echo "pytest/nbval are missing and there is no wheels/ folder: run scripts/gpu-wheels.sh" \
              "on a machine with internet and copy wheels/ here" >&2
@@ -59,7 +60,7 @@ PY
             -r scripts/gpu-requirements.txt || exit 2
         PYTHON=.venv-gpu/bin/python
     fi
-    if ! "$PYTHON" -c 'import pytest, nbval, ipykernel, cloudpickle, matplotlib, psutil'; then
+    if ! "$PYTHON" -c "$TOOLS"; then
         echo "make test-gpu: the tools still do not import after installing wheels/ (above):" \
              "run scripts/gpu-wheels.sh again for this Python" >&2
         exit 2
