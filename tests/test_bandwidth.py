@@ -20,6 +20,9 @@ def test_sweep_measures_every_size_and_op(no_leftover_ranks):
         (op, s) for op in ("send_recv", "all_reduce") for s in sizes]
     assert all(r["seconds"] > 0 and r["repeats"] >= 3 for r in records)
     assert all(0 < r["lower_quartile_s"] <= r["seconds"] for r in records)
+    # every repeat kept, sorted: the median is the middle one
+    assert all(len(r["times_s"]) == r["repeats"] and list(r["times_s"]) == sorted(r["times_s"])
+               and r["times_s"][len(r["times_s"]) // 2] == r["seconds"] for r in records)
     # bigger messages take longer: the bandwidth term is real
     for op in ("send_recv", "all_reduce"):
         times = [r["seconds"] for r in records if r["op"] == op]
@@ -82,6 +85,14 @@ def test_this_machine_is_calibrated_back_to_back_and_between_messages(no_leftove
     cluster = here["cluster"]
     assert cluster.wake_latency_s >= 0 and cluster.intra.bandwidth_Bps > 0
     assert cluster.cores >= 1
+    # one stray per measured message: what it took beyond the link's price
+    sends = [r for r in here["links"] if r["op"] == "send_recv"]
+    assert len(cluster.message_spread_s) == sum(r["repeats"] for r in sends)
+    first = sends[0]
+    assert cluster.message_spread_s[0] == pytest.approx(first["times_s"][0]
+                                                        - cluster.intra.time(first["bytes"]))
+    assert len(cluster.collective_spread_s) == sum(r["repeats"] for r in here["links"]
+                                                   if r["op"] == "all_reduce")
     for key in ("timelines", "timelines_between_messages"):
         assert set(here[key]) == {8, 32}
         assert all(len([s for s in tl if s.name == "forward"]) == 4 for tl in here[key].values())

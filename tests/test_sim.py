@@ -448,6 +448,66 @@ def test_oversubscribed_cores_make_every_wake_up_and_ring_step_dearer():
     assert ddp(wake_latency_s=1e-3) == pytest.approx(ddp() + 2e-3 + 2e-3)
 
 
+def _comm_s(tl):
+    return [s.duration for s in tl.spans if s.kind == "comm"]
+
+
+def test_a_transfer_shares_the_cores_with_the_ranks_computing_as_it_starts():
+    """gloo moves the bytes on a thread at each end: a message that starts while a rank
+    computes on 2 cores makes 3 runnable threads, and takes 3/2 of its time; with the
+    cores free, or each rank on a processor of its own, it takes its price."""
+    from parlab.sim.engine import Collective, Compute, Recv, Send, run
+    busy = [[Send(1, 100, 1e-3), Compute("next", 10e-3)], [Recv(0, 100)]]
+    assert _comm_s(run(busy, cores=0)) == [pytest.approx(1e-3)]           # GPUs: own cores
+    assert _comm_s(run(busy, cores=2)) == [pytest.approx(1.5e-3)]
+    assert _comm_s(run(busy, cores=4)) == [pytest.approx(1e-3)]           # 3 threads, 4 cores
+    idle = [[Send(1, 100, 1e-3)], [Recv(0, 100)]]
+    assert _comm_s(run(idle, cores=2)) == [pytest.approx(1e-3)]
+    # a collective of two while a third rank computes: 3 threads on 2 cores, one time for
+    # both members, whichever of them the engine settles it for first
+    pair = Collective((0, 1), 100, 2e-3)
+    tl = run([[pair], [pair], [Compute("other", 10e-3)]], cores=2)
+    assert _comm_s(tl) == [pytest.approx(3e-3)] * 2
+
+
+def test_messages_take_a_measured_stray_drawn_once_each_and_repeatably():
+    """With the strays a machine measured, every message takes its price plus one of
+    them (both ends the same), never less than nothing; the same programs give the same
+    timeline; without strays, the price."""
+    from parlab.sim.engine import Collective, Recv, Send, run
+    progs = [[Send(1, 100, 1e-3, blocking=True) for _ in range(20)]
+             + [Collective((0, 1), 100, 2e-3)] * 20,
+             [Recv(0, 100) for _ in range(20)] + [Collective((0, 1), 100, 2e-3)] * 20]
+    spread = ((-2e-3, 0.0, 5e-3), (1e-3, 7e-3))
+    a, b = run(progs, spread=spread), run(progs, spread=spread)
+    assert [s.duration for s in a.spans] == [s.duration for s in b.spans]
+    p2p = [s for s in a.spans if s.kind == "comm" and s.name == "send"]
+    assert {round(s.duration, 9) for s in p2p} <= {0.0, 1e-3, 6e-3}      # 1 - 2 ms: nothing
+    assert len({round(s.duration, 9) for s in p2p}) > 1                   # drawn, not fixed
+    def times(rank, name):
+        return [s.duration for s in a.spans if s.kind == "comm" and s.rank == rank
+                and s.name == name]
+    # each message: one time at both ends
+    assert times(0, "send") == times(1, "recv")
+    assert times(0, "all-reduce") == times(1, "all-reduce")
+    colls = {round(s.duration, 9) for s in a.spans if s.name == "all-reduce"}
+    assert colls <= {3e-3, 9e-3}
+    assert sorted(_comm_s(run(progs))) == [pytest.approx(1e-3)] * 40 + [pytest.approx(2e-3)] * 40
+
+
+def test_the_strays_of_a_sweep_are_each_message_less_its_price():
+    from parlab.sim import calibrate
+    link = sim.Link(1e-4, 1e9)
+    records = [{"op": "send_recv", "world_size": 2, "bytes": 1000, "times_s": (1e-4, 3e-3)},
+               {"op": "all_reduce", "world_size": 2, "bytes": 1000, "times_s": (5e-4,)},
+               {"op": "all_reduce", "world_size": 4, "bytes": 1000, "times_s": (9.0,)}]
+    p2p, coll = calibrate.spread_from_records(records, link, overhead_s=1e-4)
+    assert p2p == pytest.approx((1e-4 - link.time(1000), 3e-3 - link.time(1000)))
+    assert coll == pytest.approx((5e-4 - sim.all_reduce_s(1000, 2, link) - 1e-4,))
+    with pytest.raises(ValueError, match="message_spread_s must be a tuple"):
+        _cluster(message_spread_s=[1e-3])
+
+
 def test_a_compute_fit_whose_larger_steps_were_no_slower_charges_the_steps_to_arithmetic():
     from parlab.sim import calibrate
     rate, fixed = calibrate.fit_compute([1e9, 2e9, 4e9], [0.010, 0.020, 0.040], layers=4)

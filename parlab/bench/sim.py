@@ -2,12 +2,19 @@
 
 ``python -m parlab bench --only sim``. One ROUND calibrates the model (one launch:
 lab 00's link, how late a blocked rank resumes, lab 01's step) and then measures each
-lab's configurations in their own launches; every prediction of the round comes from
-that round's calibration only. Three rounds run one after another, and each line gives
-the median over the rounds, every round's own figure and how far the measured figure
-moved between rounds: on this shared machine a configuration's step moves by 10-30 %
-from one launch to the next (the cores' speed drifts over seconds), so one round alone
-says little about the model.
+lab's configurations in their own launches, each just after a calibration of its own
+(the same launch again): every prediction comes from the calibration run seconds before
+its measurement, never from the measurement itself. Three rounds run one after another,
+and each line gives the median over the rounds, every round's own figure and how far the
+measured figure moved between rounds: on this shared machine a configuration's step
+moves by 10-30 % from one launch to the next (the cores' speed drifts over seconds), so
+one round alone says little about the model.
+
+A prediction is the median of many predicted steps, as a measured figure is the median
+of many steps: the calibration keeps how far each message of its sweep strayed from the
+price the model gives it, and every predicted message takes one of those strays, drawn
+at random (``sim.engine``). A step of ten messages then meets the few slow ones about as
+often as a measured step does, and a step of two seldom does.
 
 Measuring (``measure``) and predicting (``compare``) are separate, so a round's
 measurements can be kept and the model's predictions recomputed from them. A step time is
@@ -30,12 +37,18 @@ SIM_PIPELINE_SIZES = (64, 256, 256, 256, 256, 256, 256, 10)     # lab 04: deeper
 ROUNDS = 3
 STEP_TOLERANCE = 0.15                     # the targets: step time within 15 %,
 SHARE_TOLERANCE = 0.05                    # bubble and wait shares within 0.05
+# Predicted steps per configuration: each message meets a stray drawn from those measured
+# (sim.engine), and the prediction is the median step, as the measured one is.
+PREDICTED_STEPS = 41
 
 
 # ------------------------------------------------------------------ measuring
 def measure(quick: bool = False) -> dict:
     """One round: calibrate, then run every configuration here: the calibration (with its
-    raw timelines, so the costs can be fitted again) and each configuration's figures.
+    raw timelines, so the costs can be fitted again), each configuration's figures, and
+    under "calibrations" the calibration run just before each configuration (the cores'
+    speed drifts over tens of seconds: one calibration for a round of 8 launches was up to
+    a minute old by the last).
 
     Many steps per configuration: one step varies 2-4x on this machine, and the median
     of 10 steps moved by 2x between runs where the median of 60 moved by about 10 %.
@@ -54,16 +67,26 @@ def measure(quick: bool = False) -> dict:
     from ..torch import tensor_parallel as tp
 
     steps = 20 if quick else 60
-    out = {"load": _load()}
-    here = measure_this_machine(SIM_SIZES, batches=(32, 64, 128), fit_batches=(32, 128),
-                                steps=20 if quick else 40)
+    out = {"load": _load(), "calibrations": {}}
+
+    def calibrate(before: str | None = None) -> dict | None:
+        here = measure_this_machine(SIM_SIZES, batches=(32, 64, 128), fit_batches=(32, 128),
+                                    steps=20 if quick else 40)
+        if before is None:
+            return here
+        out["calibrations"][before] = {k: here[k] for k in ("cluster", "costs",
+                                                            "costs_between_messages")}
+
+    here = calibrate()
     out["calibration"] = {k: here[k] for k in ("cluster", "costs", "costs_between_messages",
-                                                "timelines", "timelines_between_messages")}
+                                                "timelines", "timelines_between_messages",
+                                                "links")}
     lab01 = here["timelines"][64]       # batch 64: not used by the fit
     out["lab01"] = sum(float(np.median([s.duration for s in lab01 if s.name == p][2:]))
                        for p in ("forward", "backward", "update"))
     out["lab01 core_wait"] = core_wait_share(lab01, "forward")
 
+    calibrate("lab02")
     res = launch(split.train_split, 2, args=(SplitConfig(sizes=SIM_SIZES, bounds=[4],
                                                          batch_size=64, steps=steps),))
     out["lab02"] = {"step": step_seconds(res.timeline, "forward", skip=0),
@@ -72,6 +95,7 @@ def measure(quick: bool = False) -> dict:
                     "core_wait": core_wait_share(res.timeline, "forward")}
 
     for scheme in ("naive", "column_row"):
+        calibrate(f"lab03 {scheme}")
         res = launch(tp.train_sliced, 2, args=(SIM_SIZES, scheme, 64, steps))
         m = warm_shares(as_the_model_counts(res.timeline), "forward", skip=2)
         out[f"lab03 {scheme}"] = {"step": step_seconds(res.timeline, "forward", skip=0),
@@ -82,12 +106,14 @@ def measure(quick: bool = False) -> dict:
                       lr=0.01)
     out["lab04 bounds"] = linear_bounds(pl.stage_bounds(cfg, 2))
     for schedule in ("gpipe", "1f1b"):
+        calibrate(f"lab04 {schedule}")
         res = run_pipeline(cfg, 2, 4, schedule)
         out[f"lab04 {schedule}"] = {"step": step_seconds(res.timeline, "F0", skip=0),
                                     "bubble": pl.measured_bubble(res.timeline, 2, 4),
                                     "core_wait": core_wait_share(res.timeline, "F0")}
 
     for mode in ("by_hand", "ddp"):
+        calibrate(f"lab05 {mode}")
         res = launch(dp.train_data_parallel, 2, args=(mode, "mlp", 128, steps, 0.05))
         m = warm_shares(as_the_model_counts(res.timeline.filter(ranks=[0, 1])), "forward",
                         skip=2)
@@ -98,6 +124,7 @@ def measure(quick: bool = False) -> dict:
                                                              "forward")}
 
     for mode in ("sync", "async"):
+        calibrate(f"lab06 {mode}")
         res = launch(ps.train_parameter_server, 3,
                      args=(mode, 1, "mlp", 64, steps, 0.05, {2: 3}))
         fast = as_the_model_counts(res.timeline).summary()[1]
@@ -105,6 +132,7 @@ def measure(quick: bool = False) -> dict:
                                 "wait": fast["wait_share"] + fast["idle_share"],
                                 "core_wait": res.timeline.summary().mean("core_wait")}
 
+    calibrate("lab07")
     survey = survey_hybrid(steps=10 if quick else 30)
     out["lab07"] = [{"shape": row["shape"], "label": row["label"], "step": row["measured_s"],
                      "core_wait": row["core_wait"]} for row in survey["rows"]]
@@ -114,7 +142,8 @@ def measure(quick: bool = False) -> dict:
 
 # ------------------------------------------------------------------ predicting
 def compare(measured: dict) -> list[dict]:
-    """The model's prediction for every measured figure of one round, from its calibration.
+    """The model's prediction for every measured figure of one round, each from the
+    calibration run just before it (or the round's first, for a round measured without).
 
     Returns rows {label, what ("step" or a share's name), predicted, measured}.
     """
@@ -124,9 +153,14 @@ def compare(measured: dict) -> list[dict]:
 
     cluster = measured["calibration"]["cluster"]
     alone = measured["calibration"]["costs"]          # lab 01: one device, back to back
-    costs = measured["calibration"]["costs_between_messages"]    # every rank of the others
     net = sim.Network.mlp(SIM_SIZES)
     rows = []
+
+    def calibrated_for(key: str):
+        """(cluster, costs between messages) of the calibration run just before ``key``
+        (the round's first where none was)."""
+        cal = measured.get("calibrations", {}).get(key, measured["calibration"])
+        return cal["cluster"], cal["costs_between_messages"]
 
     def row(label, what, predicted, value, ranks=1, core_wait=0.0):
         rows.append({"label": label, "what": what, "predicted": predicted, "measured": value,
@@ -139,26 +173,30 @@ def compare(measured: dict) -> list[dict]:
         sim.single_device(net, cluster, 64, costs=alone).step_s, measured["lab01"], 1,
         measured.get("lab01 core_wait"))
 
-    pred = sim.manual_split(net, cluster, 64, devices=2, bounds=[2], steps=3, costs=costs)
+    cluster, costs = calibrated_for("lab02")
+    pred = sim.manual_split(net, cluster, 64, devices=2, bounds=[2], steps=PREDICTED_STEPS,
+                            costs=costs)
     m = measured["lab02"]
-    row("lab 02 split over 2", "step", pred.step_s, m["step"], 2, m.get("core_wait"))
+    row("lab 02 split over 2", "step", step_of(pred), m["step"], 2, m.get("core_wait"))
     row("lab 02 split over 2", "idle+wait share", warm_shares(pred, "forward")["idle"],
         m["idle"])
 
     for scheme in ("naive", "column_row"):
-        pred = sim.tensor_parallel(net, cluster, 64, devices=2, scheme=scheme, steps=3,
-                                   costs=costs)
+        cluster, costs = calibrated_for(f"lab03 {scheme}")
+        pred = sim.tensor_parallel(net, cluster, 64, devices=2, scheme=scheme,
+                                   steps=PREDICTED_STEPS, costs=costs)
         m, p = measured[f"lab03 {scheme}"], warm_shares(pred, "forward")
         label = f"lab 03 tensor parallel {scheme}"
-        row(label, "step", pred.step_s, m["step"], 2, m.get("core_wait"))
+        row(label, "step", step_of(pred), m["step"], 2, m.get("core_wait"))
         row(label, "transfer+wait share", p["comm"] + p["idle"], m["comm"])
 
     from ..torch.pipeline import measured_bubble  # a timeline reader: works on predictions too
     pnet = sim.Network.mlp(SIM_PIPELINE_SIZES)
-    pcosts = _rescaled(costs, net, pnet)
     for schedule in ("gpipe", "1f1b"):
+        cluster, costs = calibrated_for(f"lab04 {schedule}")
+        pcosts = _rescaled(costs, net, pnet)
         pred = sim.pipeline(pnet, cluster, 256, stages=2, micro_batches=4, schedule=schedule,
-                            bounds=measured["lab04 bounds"], steps=3, costs=pcosts)
+                            bounds=measured["lab04 bounds"], steps=PREDICTED_STEPS, costs=pcosts)
         m = measured[f"lab04 {schedule}"]
         label = f"lab 04 pipeline {schedule}, p=2 m=4"
         row(label, "step", step_of(pred, "F0"), m["step"], 2, m.get("core_wait"))
@@ -167,16 +205,18 @@ def compare(measured: dict) -> list[dict]:
     for mode in ("by_hand", "ddp"):
         m = measured[f"lab05 {mode}"]
         buckets = "per_tensor" if mode == "by_hand" else max(round(m["buckets"] or 1), 1)
+        cluster, costs = calibrated_for(f"lab05 {mode}")
         pred = sim.data_parallel(net, cluster, 128, devices=2, buckets=buckets,
-                                 overlap=mode == "ddp", steps=3, costs=costs)
+                                 overlap=mode == "ddp", steps=PREDICTED_STEPS, costs=costs)
         p = warm_shares(pred.filter(ranks=[0, 1]), "forward")
         label = f"lab 05 data parallel {mode} ({buckets} all-reduce(s) per step)"
-        row(label, "step", pred.step_s, m["step"], 2, m.get("core_wait"))
+        row(label, "step", step_of(pred), m["step"], 2, m.get("core_wait"))
         row(label, "main lanes' transfer+wait share", p["comm"] + p["idle"], m["comm"])
 
     for mode in ("sync", "async"):
         m = measured[f"lab06 {mode}"]
         steps = m["steps"]
+        cluster, costs = calibrated_for(f"lab06 {mode}")
         pred = sim.parameter_server(net, cluster, 64, workers=2, mode=mode, slow={2: 3},
                                     steps=steps, costs=costs)
         fast = pred.summary()[1]
@@ -185,10 +225,12 @@ def compare(measured: dict) -> list[dict]:
             m.get("core_wait"))
         row(label, "fast worker's wait share", fast["wait_share"] + fast["idle_share"], m["wait"])
 
+    cluster, costs = calibrated_for("lab07")
     for entry in measured["lab07"]:
         shape = HybridShape.of(entry["shape"])
         pred = sim.hybrid(net, cluster, 64, dp=shape.dp, tp=shape.tp, pp=shape.pp,
-                          micro_batches=4 if shape.pp > 1 else 1, steps=3, costs=costs)
+                          micro_batches=4 if shape.pp > 1 else 1, steps=PREDICTED_STEPS,
+                          costs=costs)
         marker = "F0" if shape.pp > 1 else "forward"
         row(f"lab 07 {entry['label']}", "step", step_of(pred, marker), entry["step"],
             shape.dp * shape.tp * shape.pp, entry.get("core_wait"))
@@ -283,10 +325,14 @@ def report(rounds: list[list[dict]], cores: int | None = None) -> list[str]:
 def _calibration_line(k: int, measured: dict) -> str:
     import os
     c, costs = measured["calibration"]["cluster"], measured["calibration"]["costs"]
-    return (f"round {k + 1}: calibrated on one launch (fixed part {costs.fixed_s * 1e6:.0f} us per "
-            f"layer pass, link {c.intra}, collective overhead "
+    strays = sorted(c.message_spread_s + c.collective_spread_s)
+    slow = (f", {sum(t > 1e-3 for t in strays)} of its {len(strays)} messages 1 ms or more "
+            "over their price" if strays else "")
+    return (f"round {k + 1}: calibrated before each configuration, the first (fixed part "
+            f"{costs.fixed_s * 1e6:.0f} us per layer pass, link {c.intra}, collective overhead "
             f"{c.collective_overhead_s * 1e3:.2f} ms, a rank blocked 20 ms resumes "
-            f"{c.wake_latency_s * 1e3:.2f} ms late); {os.cpu_count()} cores, load average {measured['load']}")
+            f"{c.wake_latency_s * 1e3:.2f} ms late{slow}); {os.cpu_count()} cores, "
+            f"load average {measured['load']}")
 
 
 @benchmark("sim")

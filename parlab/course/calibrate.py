@@ -16,9 +16,10 @@ def measure_this_machine(sizes=(64, 256, 256, 128, 10), *, batches=(32, 128), fi
     01's step of the MLP ``sizes`` at each batch size, back to back and between
     messages. Returns {"cluster": a ``sim.Cluster`` of ``devices`` simulated
     devices sharing this machine's cores, with the measured link and collective overhead
-    (``sim.measured_link``), "costs": ``sim.Measured`` per-layer costs of the step run
-    back to back (lab 01), "costs_between_messages": the same timed as a rank of a
-    distributed step computes, after a blocking message (use these for two ranks or
+    (``sim.measured_link``: medians) and how far each measured message strayed from them
+    (``sim.calibrate.spread_from_records``), "costs": ``sim.Measured`` per-layer costs of
+    the step run back to back (lab 01), "costs_between_messages": the same timed as a rank
+    of a distributed step computes, after a blocking message (use these for two ranks or
     more), both fitted on ``fit_batches`` (default: all ``batches``), "timelines":
     {batch: the measured single-device steps, back to back}, "timelines_between_messages"
     (the same, between messages), "links": the sweep's records}.
@@ -44,11 +45,14 @@ def measure_this_machine(sizes=(64, 256, 256, 128, 10), *, batches=(32, 128), fi
     by_op = {op: {r["bytes"]: r["seconds"] for r in records if r["op"] == op}
              for op in ("send_recv", "all_reduce")}
     link, overhead = sim.measured_link(by_op["send_recv"], by_op["all_reduce"])
+    # each message's stray from that price, so that predictions meet the slow ones too
+    p2p_spread, collective_spread = sim.calibrate.spread_from_records(records, link, overhead)
     late = [b - a for a, b in zip(res.results[0]["wake"], res.results[1]["wake"])]
     wake = max(statistics.median(late) - link.time(8), 0.0)
     per_pass = [costs.forward_s(i, max(fit)) + costs.backward_s(i, max(fit)) for i in range(len(net))]
     flops = 3 * max(fit) * sum(layer.flops for layer in net.layers) / sum(per_pass)
     cluster = sim.Cluster("this machine (measured)", devices, 8e9, flops, costs.fixed_s, devices,
-                          link, link, overhead, wake_latency_s=wake, cores=os.cpu_count() or 1)
+                          link, link, overhead, wake_latency_s=wake, cores=os.cpu_count() or 1,
+                          message_spread_s=p2p_spread, collective_spread_s=collective_spread)
     return {"cluster": cluster, "costs": costs, "costs_between_messages": between,
             "timelines": timelines, "timelines_between_messages": woken, "links": records}

@@ -56,7 +56,12 @@ DDP's communication thread), a rank woken by a message waits ``wake_latency_s ×
 / cores`` for a core, and every step of a ring collective (2(n - 1) of them, each a
 blocking receive in gloo) pays one more wake-up (``engine.oversubscription``,
 ``engine.ring_wakeups_s``): why a message costs far more among computing ranks than an
-idle ping-pong sweep measures.
+idle ping-pong sweep measures. A message needs cores too (gloo moves it on a thread at
+each end): one that starts while ranks compute shares the cores with them. And a
+measured machine's messages stray from their price (``Cluster.message_spread_s``,
+``collective_spread_s``, from ``measure_this_machine``'s sweep): the engine adds one
+measured stray, drawn at random, to every message, so the median of many predicted
+steps reads as the median of many measured ones.
 
 Predicted timelines: ``PredictedTimeline``, a ``parlab.trace.Timeline`` with
 ``predicted = True``, ``title``, ``step_s`` and ``notes``; the measured runs' span names

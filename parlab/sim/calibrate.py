@@ -53,6 +53,24 @@ def link_from_records(records, op: str = "all_reduce", world_size: int = 2):
     return _link_from_fit(fit, world_size, collective=op == "all_reduce")
 
 
+def spread_from_records(records, link, overhead_s: float = 0.0) -> tuple[tuple, tuple]:
+    """(point-to-point strays, all-reduce strays): how far each message of a sweep
+    (lab 00's ``bandwidth.sweep`` records with their ``times_s``) took beyond the price
+    the model gives it, in seconds: a message against alpha + S / beta, an all-reduce
+    of two ranks against the ring on ``link`` plus ``overhead_s``. Where a sweep on a
+    busy CPU sees a few messages wait milliseconds for a core, the strays hold them; the
+    engine draws from them (``Cluster.message_spread_s``, ``collective_spread_s``)."""
+    from .links import all_reduce_s
+    p2p, coll = [], []
+    for r in records:
+        if r["op"] == "send_recv":
+            p2p += [t - link.time(r["bytes"]) for t in r.get("times_s", ())]
+        elif r["op"] == "all_reduce" and r["world_size"] == 2:
+            price = all_reduce_s(r["bytes"], 2, link) + overhead_s
+            coll += [t - price for t in r.get("times_s", ())]
+    return tuple(p2p), tuple(coll)
+
+
 def _link_from_fit(fit, n: int, collective: bool):
     from .. import sim
     if not collective:

@@ -27,9 +27,29 @@ them (charging ``threads / cores`` per ring step over-predicted lab 07's 4-rank 
 than an idle ping-pong sweep measures (calibrated: ``wake_s`` alone, from one blocked
 receive).
 
+``spread``: messages measured on one machine do not all take their price: most come
+close, a few in ten wait milliseconds for a core. A step sums many of them, so a
+predicted step that priced each at its typical (median) time misses the slow ones that a
+step of ten messages rarely avoids, and one priced at their mean charges a step of two
+messages for stalls it seldom meets. Given the measured strays (``Cluster.
+message_spread_s``, ``collective_spread_s``: each measured message's time less its
+price), the engine adds to every message and collective one of them, drawn at random
+(seeded: the same programs give the same timeline), once per message, so that each
+predicted step meets stalls as often as a measured one; the median over many predicted
+steps then reads as the median measured step does (resampling the measured strays: the
+bootstrap, Efron 1979). Without strays every message takes its price.
+
 ``cores``: simulated devices on a CPU share its cores. When more ranks compute at once
 than there are cores, each computes at cores / computing of its speed (processor
 sharing, as a fair scheduler gives), so the engine runs in time order, event by event.
+A message needs cores too: gloo moves the bytes on threads of its own, one at each end
+(measured here: a 2-rank all-reduce of 32 bytes kept each rank's ``gloo_tcp_loop``
+thread busy 0.6 ms in the kernel, of 1.5 ms), so a transfer that starts while ranks
+compute shares the cores with them: with ``computing + library threads`` over
+``cores``, it takes that many / cores times its time (two library threads for a
+message, one per member for a collective). On two cores this is what delays a
+pipeline's activations: stage 0 computes its next micro-batch while its last one
+travels.
 
 Consecutive compute operations with the same name become one span, enclosing the
 transfers between them, as a measured ``with span("forward"):`` encloses the
@@ -37,6 +57,7 @@ tensor-parallel all-reduces it calls.
 """
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 from ..trace import COMM, COMPUTE, WAIT, Span, Timeline
@@ -138,14 +159,16 @@ class PredictedTimeline(Timeline):
 
 
 def run(programs: list[list], labels: dict | None = None, *, steps: int = 1,
-        notes: dict | None = None, wake_s: float = 0.0, cores: int = 0) -> PredictedTimeline:
+        notes: dict | None = None, wake_s: float = 0.0, cores: int = 0,
+        spread: tuple = ((), ())) -> PredictedTimeline:
     """Every rank's program on one clock, as a predicted timeline (see the module doc).
 
     cores: how many processors the ranks share (0: each rank has its own, as GPUs do).
     With fewer cores than ranks computing at once, each computes at cores / computing
     of its speed (the operating system shares them fairly: processor sharing).
+    spread: (point-to-point strays, collective strays) in seconds, drawn from per message.
     """
-    sim = Engine(programs, wake_s, cores)
+    sim = Engine(programs, wake_s, cores, spread)
     sim.run()
     return PredictedTimeline(merge_compute(sim.spans), labels,
                              range(len(programs)) if labels is None else None,
@@ -160,9 +183,13 @@ class Engine:
     (it waits for a peer). Then time moves to the next moment something ends.
     """
 
-    def __init__(self, programs, wake_s: float = 0.0, cores: int = 0):
+    def __init__(self, programs, wake_s: float = 0.0, cores: int = 0,
+                 spread: tuple = ((), ())):
         self.programs = programs
         self.wake_s, self.cores = wake_s, cores
+        self.spread = tuple(tuple(x) for x in spread)
+        self.settled: dict[tuple, float] = {}     # message or collective key -> its seconds
+        self.draw = random.Random(SPREAD_SEED)
         self.n = len(programs)
         self.now = 0.0
         self.pos = [0] * self.n
@@ -269,7 +296,8 @@ class Engine:
             return True
         if key not in self.recvs:
             return None
-        return self._transfer(r, op.name, max(self.arrived_at[r], self.recvs[key]), op, op.peer)
+        return self._transfer(r, op.name, max(self.arrived_at[r], self.recvs[key]), op, op.peer,
+                              key)
 
     def _recv(self, r, op: Recv):
         key = (op.peer, r, self._number(r, self.pairs, (op.peer, r, "r")))
@@ -277,15 +305,40 @@ class Engine:
         if key not in self.sends:
             return None
         post, send = self.sends[key]
-        return self._transfer(r, op.name, max(post, self.arrived_at[r]), send, op.peer)
+        return self._transfer(r, op.name, max(post, self.arrived_at[r]), send, op.peer, key)
 
-    def _transfer(self, r, name, start, send: Send, peer) -> str:
+    def _transfer(self, r, name, start, send: Send, peer, key) -> str:
         arrived = self.arrived_at[r]
         if start > arrived:                  # it blocked: it resumes when scheduled again
             start += self.wake
+        seconds = self._seconds(("p", *key), send.seconds, self.spread[0], 2)
         self._span(r, WAIT, name, arrived, start, peer=peer, axis=send.axis)
-        self._span(r, COMM, name, start, start + send.seconds, send.nbytes, peer, send.axis)
-        return self._occupy(r, start + send.seconds)
+        self._span(r, COMM, name, start, start + seconds, send.nbytes, peer, send.axis)
+        return self._occupy(r, start + seconds)
+
+    def _computing(self) -> int:
+        """Ranks computing now, with those free to start a compute at this same moment
+        (the engine starts the ranks of one moment in turn; their order must not count)."""
+        starting = sum(1 for r in range(self.n)
+                       if r not in self.work and r not in self.busy_until
+                       and self.pos[r] < len(self.programs[r])
+                       and isinstance(self.programs[r][self.pos[r]], Compute)
+                       and self.programs[r][self.pos[r]].seconds > 0)
+        return len(self.work) + starting
+
+    def _seconds(self, key: tuple, price: float, strays: tuple, library_threads: int) -> float:
+        """A message's or collective's time, settled the first time one of its ranks asks
+        (as it starts), so that every rank of it sees the same: its price, plus one
+        measured stray drawn at random (never below nothing), stretched where its library
+        threads (one per rank it joins) and the ranks computing outnumber the cores
+        (processor sharing, as for compute; the load as it starts, held)."""
+        if key not in self.settled:
+            seconds = max(price + (self.draw.choice(strays) if strays else 0.0), 0.0)
+            threads = self._computing() + library_threads
+            if self.cores and threads > self.cores:
+                seconds *= threads / self.cores
+            self.settled[key] = seconds
+        return self.settled[key]
 
     def _collective(self, r, op: Collective):
         k = self._number(r, self.seq, (r, op.group, op.background))
@@ -303,14 +356,16 @@ class Engine:
         if len(arrivals) < len(op.group):
             return None
         start = self._collective_start(arrivals.values())
-        end = start + self._collective_s(op)
+        end = start + self._collective_s(op, key)
         self._span(r, WAIT, op.name, arrivals[r], start, axis=op.axis)
         self._span(r, COMM, op.name, start, end, op.nbytes, axis=op.axis)
         return self._occupy(r, end)
 
-    def _collective_s(self, op: Collective) -> float:
-        """Its seconds on the link, plus, on oversubscribed cores, a wake-up per ring step."""
-        return op.seconds + ring_wakeups_s(len(op.group), self.wake_s, self.over)
+    def _collective_s(self, op: Collective, key: tuple) -> float:
+        """Its seconds on the link, plus, on oversubscribed cores, a wake-up per ring step,
+        plus its drawn stray (never below nothing)."""
+        return self._seconds(("c", *key), op.seconds, self.spread[1], len(op.group)) \
+            + ring_wakeups_s(len(op.group), self.wake_s, self.over)
 
     def _collective_start(self, ready) -> float:
         """When the last member is there, plus one wake-up: on a busy CPU the members never
@@ -321,7 +376,7 @@ class Engine:
         """All members posted: the collective runs when the last has, and every lane is free."""
         start = self._collective_start([*arrivals.values(),
                                         *(self.lane_free[m] for m in op.group)])
-        end = start + self._collective_s(op)
+        end = start + self._collective_s(op, key)
         for m in op.group:
             lane = self.n + m
             self._span(lane, WAIT, op.name, max(arrivals[m], self.lane_free[m]), start, axis=op.axis)
@@ -341,6 +396,9 @@ class Engine:
             return True
         self._span(r, WAIT, op.name, t, done)
         return self._occupy(r, done)
+
+
+SPREAD_SEED = 0        # the draws of message strays: fixed, so a prediction is repeatable
 
 
 def oversubscription(threads: int, cores: int) -> float:

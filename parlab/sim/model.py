@@ -69,6 +69,13 @@ class Cluster:
     nics_per_node: int = 0          # network cards a node's collectives spread over (0: one
                                     # per device, as DGX nodes have); sim.collectives
     nvls: bool = False              # NVLink SHARP: the NVSwitch reduces (H100 nodes)
+    # How far messages measured here strayed from their price (seconds beyond it, one per
+    # measured message, negative where quicker): the engine draws each message's from
+    # these (sim.engine). Empty: every message at its price, as on the presets.
+    message_spread_s: tuple = field(default=(), repr=False)     # point to point, against
+                                                                # alpha + S / beta
+    collective_spread_s: tuple = field(default=(), repr=False)  # all-reduces, against the
+                                                                # ring and the overhead
 
     def __post_init__(self):
         owner = f"Cluster {self.name!r}"
@@ -83,6 +90,12 @@ class Cluster:
                unit="bytes per second", positive=True, infinite=True)
         for name in ("layer_overhead_s", "collective_overhead_s", "wake_latency_s"):
             amount(owner, name, getattr(self, name), unit="seconds")
+        for name in ("message_spread_s", "collective_spread_s"):
+            spread = getattr(self, name)
+            if not isinstance(spread, tuple) or not all(
+                    isinstance(x, (int, float)) and math.isfinite(x) for x in spread):
+                raise ValueError(f"{owner}: {name} must be a tuple of seconds (finite numbers, "
+                                 f"one per measured message), got {spread!r}")
         if self.matrix is not None and not isinstance(self.matrix, MatrixUnit):
             raise ValueError(f"{owner}: matrix must be a sim.gemm.MatrixUnit or None, got "
                              f"{self.matrix!r}")

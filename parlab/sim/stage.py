@@ -41,6 +41,8 @@ class Mesh:
         self.overhead = cluster.collective_overhead_s
         self.wake = getattr(cluster, "wake_latency_s", 0.0)
         self.cores = getattr(cluster, "cores", 0)
+        self.spread = (getattr(cluster, "message_spread_s", ()),
+                       getattr(cluster, "collective_spread_s", ()))
 
     def rank(self, d: int, s: int, t: int) -> int:
         return (d * self.pp + s) * self.tp + t

@@ -80,7 +80,7 @@ def sweep(rank: int, world_size: int, sizes=None, ops=("send_recv", "all_reduce"
     """Median (and lower quartile) time of each op at each message size, as seen by rank 0.
 
     Returns records {op, world_size, bytes, seconds (the median), lower_quartile_s,
-    repeats}; other ranks return [].
+    repeats, times_s (every repeat's time, sorted)}; other ranks return [].
     The sizes are taken in turn, round after round (``rounds``). For all_reduce on n
     ranks, the slowest rank decides when the operation is done, so each repetition
     starts after a barrier and rank 0 reports the median.
@@ -103,5 +103,5 @@ def sweep(rank: int, world_size: int, sizes=None, ops=("send_recv", "all_reduce"
             ts = sorted(times[nbytes])
             records.append({"op": op, "world_size": world_size, "bytes": bufs[nbytes].numel() * 4,
                             "seconds": ts[len(ts) // 2], "lower_quartile_s": ts[len(ts) // 4],
-                            "repeats": len(ts)})
+                            "repeats": len(ts), "times_s": tuple(ts)})
     return records if rank == 0 else []
