@@ -362,8 +362,8 @@ class Engine:
         return self._occupy(r, end)
 
     def _collective_s(self, op: Collective, key: tuple) -> float:
-        """Its seconds on the link, plus, on oversubscribed cores, a wake-up per ring step,
-        plus its drawn stray (never below nothing)."""
+        """Its seconds on the link with its drawn stray, stretched on shared cores
+        (``_seconds``), plus, on oversubscribed cores, a wake-up per ring step."""
         return self._seconds(("c", *key), op.seconds, self.spread[1], len(op.group)) \
             + ring_wakeups_s(len(op.group), self.wake_s, self.over)
 
