@@ -68,20 +68,19 @@ def measure(quick: bool = False) -> dict:
 
     steps = 20 if quick else 60
     out = {"load": _load(), "calibrations": {}}
+    fitted = ("cluster", "costs", "costs_between_messages")     # what a prediction reads
 
-    def calibrate(before: str | None = None) -> dict | None:
+    def calibrated(*keep: str) -> dict:
         here = measure_this_machine(SIM_SIZES, batches=(32, 64, 128), fit_batches=(32, 128),
                                     steps=20 if quick else 40)
-        if before is None:
-            return here
-        out["calibrations"][before] = {k: here[k] for k in ("cluster", "costs",
-                                                            "costs_between_messages")}
+        return {k: here[k] for k in keep}
 
-    here = calibrate()
-    out["calibration"] = {k: here[k] for k in ("cluster", "costs", "costs_between_messages",
-                                                "timelines", "timelines_between_messages",
-                                                "links")}
-    lab01 = here["timelines"][64]       # batch 64: not used by the fit
+    def calibrate(before: str) -> None:
+        out["calibrations"][before] = calibrated(*fitted)
+
+    out["calibration"] = calibrated(*fitted, "timelines", "timelines_between_messages",
+                                    "links")
+    lab01 = out["calibration"]["timelines"][64]       # batch 64: not used by the fit
     out["lab01"] = sum(float(np.median([s.duration for s in lab01 if s.name == p][2:]))
                        for p in ("forward", "backward", "update"))
     out["lab01 core_wait"] = core_wait_share(lab01, "forward")
