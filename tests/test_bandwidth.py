@@ -96,6 +96,11 @@ def test_this_machine_is_calibrated_back_to_back_and_between_messages(no_leftove
     for key in ("timelines", "timelines_between_messages"):
         assert set(here[key]) == {8, 32}
         assert all(len([s for s in tl if s.name == "forward"]) == 4 for tl in here[key].values())
+        # the sizes take turns, so that a drift of the cores' speed meets every size alike
+        starts = {b: [s.start for s in tl if s.name == "forward"] for b, tl in here[key].items()}
+        assert starts[8][0] < starts[32][0] < starts[8][1] < starts[32][1]
+        assert all(s.name == ("forward", "backward", "update")[i % 3]
+                   for tl in here[key].values() for i, s in enumerate(tl))
 
 
 def test_the_sim_benchmark_reports_the_median_over_rounds_against_each_target():
@@ -129,6 +134,21 @@ def test_the_sim_benchmark_reports_the_median_over_rounds_against_each_target():
                                 "shares within 0.05 for 0 of 1")
     assert lines[-1].endswith("of the 2 outside, 1 moved between rounds by more than the "
                               "tolerance allows (step 1.35x, share 0.10)")
+
+
+def test_each_configuration_is_predicted_from_the_calibrations_on_either_side():
+    from parlab.bench import sim as bench_sim
+    first = {"cluster": "first"}
+    runs = {"lab02": {"cluster": "a"}, "lab03 naive": {"cluster": "b"},
+            bench_sim.AFTER_THE_LAST: {"cluster": "z"}}
+    measured = {"calibration": first, "calibrations": runs}
+    assert bench_sim.calibrations_around(measured, "lab02") == [runs["lab02"], runs["lab03 naive"]]
+    assert bench_sim.calibrations_around(measured, "lab03 naive") == [
+        runs["lab03 naive"], runs[bench_sim.AFTER_THE_LAST]]
+    # a round kept from before: the round's first, or only the one before
+    assert bench_sim.calibrations_around({"calibration": first}, "lab02") == [first]
+    del runs[bench_sim.AFTER_THE_LAST]
+    assert bench_sim.calibrations_around(measured, "lab03 naive") == [runs["lab03 naive"]]
 
 
 def test_shares_against_the_model_count_a_messages_core_wait_as_waiting():

@@ -448,6 +448,24 @@ def test_oversubscribed_cores_make_every_wake_up_and_ring_step_dearer():
     assert ddp(wake_latency_s=1e-3) == pytest.approx(ddp() + 2e-3 + 2e-3)
 
 
+def test_collectives_back_to_back_pay_no_rendezvous_wake_up_where_the_ranks_fit_the_cores():
+    """Lab 05 by hand: one all-reduce per tensor, one after the other. Its members leave
+    one together and reach the next together, so only the first, after the backward pass,
+    pays the rendezvous's wake-up; on oversubscribed cores every one still does."""
+    net, costs = _even(4)
+
+    def by_hand(devices, **kw):
+        tl = sim.data_parallel(net, _free_cluster(cores=2, **kw), 64 * devices,
+                               devices=devices, buckets="per_tensor", overlap=False,
+                               costs=costs)
+        return tl.step_s, sum(1 for s in tl if s.rank == 0 and s.kind == COMM) // tl.steps
+    (quick, n), (slow, _) = by_hand(2), by_hand(2, wake_latency_s=1e-3)
+    assert n == 8 and slow == pytest.approx(quick + 1e-3)
+    (quick4, n4), (slow4, _) = by_hand(4), by_hand(4, wake_latency_s=1e-3)
+    # 4 ranks on 2 cores: each of the 8 pays its rendezvous (2 x 1 ms) and 6 ring steps
+    assert n4 == 8 and slow4 == pytest.approx(quick4 + 8 * (2e-3 + 6e-3))
+
+
 def _comm_s(tl):
     return [s.duration for s in tl.spans if s.kind == "comm"]
 

@@ -2,9 +2,11 @@
 
 ``python -m parlab bench --only sim``. One ROUND calibrates the model (one launch:
 lab 00's link, how late a blocked rank resumes, lab 01's step) and then measures each
-lab's configurations in their own launches, each just after a calibration of its own
-(the same launch again): every prediction comes from the calibration run seconds before
-its measurement, never from the measurement itself. Three rounds run one after another,
+lab's configurations in their own launches, each between two calibrations (the same
+launch again: the one just before it and the one just after, which is the next
+configuration's): every prediction comes from the calibrations run seconds before and
+after its measurement (predicted under each, their steps pooled), never from the
+measurement itself. Five rounds (``ROUNDS``) run one after another,
 and each line gives the median over the rounds, every round's own figure and how far the
 measured figure moved between rounds: on this shared machine a configuration's step
 moves by 10-30 % from one launch to the next (the cores' speed drifts over seconds), so
@@ -34,21 +36,23 @@ from .registry import benchmark
 
 SIM_SIZES = (64, 256, 256, 128, 10)       # the course's MLP (labs 02, 03, 05, 06, 07)
 SIM_PIPELINE_SIZES = (64, 256, 256, 256, 256, 256, 256, 10)     # lab 04: deeper, same width
-ROUNDS = 3
+ROUNDS = 5
 STEP_TOLERANCE = 0.15                     # the targets: step time within 15 %,
 SHARE_TOLERANCE = 0.05                    # bubble and wait shares within 0.05
 # Predicted steps per configuration: each message meets a stray drawn from those measured
 # (sim.engine), and the prediction is the median step, as the measured one is.
 PREDICTED_STEPS = 41
+AFTER_THE_LAST = "after the last configuration"     # a round's closing calibration
 
 
 # ------------------------------------------------------------------ measuring
 def measure(quick: bool = False) -> dict:
     """One round: calibrate, then run every configuration here: the calibration (with its
     raw timelines, so the costs can be fitted again), each configuration's figures, and
-    under "calibrations" the calibration run just before each configuration (the cores'
-    speed drifts over tens of seconds: one calibration for a round of 8 launches was up to
-    a minute old by the last).
+    under "calibrations" the calibration run just before each configuration, in the order
+    they ran, and a last one after the last configuration (the cores' speed drifts over
+    tens of seconds: one calibration for a round of 8 launches was up to a minute old by
+    the last; ``calibrations_around`` gives a configuration the two on either side).
 
     Many steps per configuration: one step varies 2-4x on this machine, and the median
     of 10 steps moved by 2x between runs where the median of 60 moved by about 10 %.
@@ -135,14 +139,15 @@ def measure(quick: bool = False) -> dict:
     survey = survey_hybrid(steps=10 if quick else 30)
     out["lab07"] = [{"shape": row["shape"], "label": row["label"], "step": row["measured_s"],
                      "core_wait": row["core_wait"]} for row in survey["rows"]]
+    calibrate(AFTER_THE_LAST)        # each configuration has a calibration on either side
     out["load"] += f" to {_load()}"
     return out
 
 
 # ------------------------------------------------------------------ predicting
 def compare(measured: dict) -> list[dict]:
-    """The model's prediction for every measured figure of one round, each from the
-    calibration run just before it (or the round's first, for a round measured without).
+    """The model's prediction for every measured figure of one round, from the
+    calibrations run on either side of its measurement (``calibrations_around``).
 
     Returns rows {label, what ("step" or a share's name), predicted, measured}.
     """
@@ -155,85 +160,103 @@ def compare(measured: dict) -> list[dict]:
     net = sim.Network.mlp(SIM_SIZES)
     rows = []
 
-    def calibrated_for(key: str):
-        """(cluster, costs between messages) of the calibration run just before ``key``
-        (the round's first where none was)."""
-        cal = measured.get("calibrations", {}).get(key, measured["calibration"])
-        return cal["cluster"], cal["costs_between_messages"]
+    def predicted(key: str, predict) -> list:
+        """``predict(cluster, costs between messages)`` under each calibration around
+        ``key``'s measurement: a list of predicted timelines (or figures)."""
+        return [predict(cal["cluster"], cal["costs_between_messages"])
+                for cal in calibrations_around(measured, key)]
 
     def row(label, what, predicted, value, ranks=1, core_wait=0.0):
         rows.append({"label": label, "what": what, "predicted": predicted, "measured": value,
                      "ranks": ranks, "core_wait": core_wait or 0.0})
 
-    def step_of(tl, marker="forward"):
-        return float(np.median([b - a for a, b in tl.step_windows(marker)]))
+    def step_of(tls, marker="forward"):
+        """The median predicted step over every calibration's predicted steps."""
+        return float(np.median([b - a for tl in tls for a, b in tl.step_windows(marker)]))
+
+    def mean(figures):
+        return statistics.fmean(figures)
 
     row("lab 01 single device, batch 64", "step",
         sim.single_device(net, cluster, 64, costs=alone).step_s, measured["lab01"], 1,
         measured.get("lab01 core_wait"))
 
-    cluster, costs = calibrated_for("lab02")
-    pred = sim.manual_split(net, cluster, 64, devices=2, bounds=[2], steps=PREDICTED_STEPS,
-                            costs=costs)
+    preds = predicted("lab02", lambda cluster, costs: sim.manual_split(
+        net, cluster, 64, devices=2, bounds=[2], steps=PREDICTED_STEPS, costs=costs))
     m = measured["lab02"]
-    row("lab 02 split over 2", "step", step_of(pred), m["step"], 2, m.get("core_wait"))
-    row("lab 02 split over 2", "idle+wait share", warm_shares(pred, "forward")["idle"],
-        m["idle"])
+    row("lab 02 split over 2", "step", step_of(preds), m["step"], 2, m.get("core_wait"))
+    row("lab 02 split over 2", "idle+wait share",
+        mean(warm_shares(p, "forward")["idle"] for p in preds), m["idle"])
 
     for scheme in ("naive", "column_row"):
-        cluster, costs = calibrated_for(f"lab03 {scheme}")
-        pred = sim.tensor_parallel(net, cluster, 64, devices=2, scheme=scheme,
-                                   steps=PREDICTED_STEPS, costs=costs)
-        m, p = measured[f"lab03 {scheme}"], warm_shares(pred, "forward")
+        preds = predicted(f"lab03 {scheme}", lambda cluster, costs: sim.tensor_parallel(
+            net, cluster, 64, devices=2, scheme=scheme, steps=PREDICTED_STEPS, costs=costs))
+        m, shares = measured[f"lab03 {scheme}"], [warm_shares(p, "forward") for p in preds]
         label = f"lab 03 tensor parallel {scheme}"
-        row(label, "step", step_of(pred), m["step"], 2, m.get("core_wait"))
-        row(label, "transfer+wait share", p["comm"] + p["idle"], m["comm"])
+        row(label, "step", step_of(preds), m["step"], 2, m.get("core_wait"))
+        row(label, "transfer+wait share", mean(p["comm"] + p["idle"] for p in shares), m["comm"])
 
     from ..torch.pipeline import measured_bubble  # a timeline reader: works on predictions too
     pnet = sim.Network.mlp(SIM_PIPELINE_SIZES)
     for schedule in ("gpipe", "1f1b"):
-        cluster, costs = calibrated_for(f"lab04 {schedule}")
-        pcosts = _rescaled(costs, net, pnet)
-        pred = sim.pipeline(pnet, cluster, 256, stages=2, micro_batches=4, schedule=schedule,
-                            bounds=measured["lab04 bounds"], steps=PREDICTED_STEPS, costs=pcosts)
+        preds = predicted(f"lab04 {schedule}", lambda cluster, costs: sim.pipeline(
+            pnet, cluster, 256, stages=2, micro_batches=4, schedule=schedule,
+            bounds=measured["lab04 bounds"], steps=PREDICTED_STEPS,
+            costs=_rescaled(costs, net, pnet)))
         m = measured[f"lab04 {schedule}"]
         label = f"lab 04 pipeline {schedule}, p=2 m=4"
-        row(label, "step", step_of(pred, "F0"), m["step"], 2, m.get("core_wait"))
-        row(label, "bubble", measured_bubble(pred, 2, 4, skip_steps=1), m["bubble"])
+        row(label, "step", step_of(preds, "F0"), m["step"], 2, m.get("core_wait"))
+        row(label, "bubble", mean(measured_bubble(p, 2, 4, skip_steps=1) for p in preds),
+            m["bubble"])
 
     for mode in ("by_hand", "ddp"):
         m = measured[f"lab05 {mode}"]
         buckets = "per_tensor" if mode == "by_hand" else max(round(m["buckets"] or 1), 1)
-        cluster, costs = calibrated_for(f"lab05 {mode}")
-        pred = sim.data_parallel(net, cluster, 128, devices=2, buckets=buckets,
-                                 overlap=mode == "ddp", steps=PREDICTED_STEPS, costs=costs)
-        p = warm_shares(pred.filter(ranks=[0, 1]), "forward")
+        preds = predicted(f"lab05 {mode}", lambda cluster, costs: sim.data_parallel(
+            net, cluster, 128, devices=2, buckets=buckets, overlap=mode == "ddp",
+            steps=PREDICTED_STEPS, costs=costs))
+        shares = [warm_shares(p.filter(ranks=[0, 1]), "forward") for p in preds]
         label = f"lab 05 data parallel {mode} ({buckets} all-reduce(s) per step)"
-        row(label, "step", step_of(pred), m["step"], 2, m.get("core_wait"))
-        row(label, "main lanes' transfer+wait share", p["comm"] + p["idle"], m["comm"])
+        row(label, "step", step_of(preds), m["step"], 2, m.get("core_wait"))
+        row(label, "main lanes' transfer+wait share", mean(p["comm"] + p["idle"] for p in shares),
+            m["comm"])
 
     for mode in ("sync", "async"):
         m = measured[f"lab06 {mode}"]
         steps = m["steps"]
-        cluster, costs = calibrated_for(f"lab06 {mode}")
-        pred = sim.parameter_server(net, cluster, 64, workers=2, mode=mode, slow={2: 3},
-                                    steps=steps, costs=costs)
-        fast = pred.summary()[1]
+        preds = predicted(f"lab06 {mode}", lambda cluster, costs: sim.parameter_server(
+            net, cluster, 64, workers=2, mode=mode, slow={2: 3}, steps=steps, costs=costs))
+        fast = [p.summary()[1] for p in preds]
         label = f"lab 06 parameter server {mode}, slow worker x3"
-        row(label, "time per 64 samples", pred.duration / steps, m["step"], 3,
+        row(label, "time per 64 samples", mean(p.duration / steps for p in preds), m["step"], 3,
             m.get("core_wait"))
-        row(label, "fast worker's wait share", fast["wait_share"] + fast["idle_share"], m["wait"])
+        row(label, "fast worker's wait share", mean(f["wait_share"] + f["idle_share"] for f in fast),
+            m["wait"])
 
-    cluster, costs = calibrated_for("lab07")
     for entry in measured["lab07"]:
         shape = HybridShape.of(entry["shape"])
-        pred = sim.hybrid(net, cluster, 64, dp=shape.dp, tp=shape.tp, pp=shape.pp,
-                          micro_batches=4 if shape.pp > 1 else 1, steps=PREDICTED_STEPS,
-                          costs=costs)
+        preds = predicted("lab07", lambda cluster, costs: sim.hybrid(
+            net, cluster, 64, dp=shape.dp, tp=shape.tp, pp=shape.pp,
+            micro_batches=4 if shape.pp > 1 else 1, steps=PREDICTED_STEPS, costs=costs))
         marker = "F0" if shape.pp > 1 else "forward"
-        row(f"lab 07 {entry['label']}", "step", step_of(pred, marker), entry["step"],
+        row(f"lab 07 {entry['label']}", "step", step_of(preds, marker), entry["step"],
             shape.dp * shape.tp * shape.pp, entry.get("core_wait"))
     return rows
+
+
+def calibrations_around(measured: dict, key: str) -> list[dict]:
+    """The calibrations run on either side of configuration ``key``'s measurement: the one
+    just before it and the next one after (the following configuration's, or the round's
+    last). The cores' speed drifts over seconds; a measurement between two calibrations
+    meets about their average. A round measured without per-configuration calibrations
+    has only the round's first; the last configuration of a round measured before the
+    closing calibration existed has only the one before it."""
+    runs = measured.get("calibrations", {})
+    if key not in runs:
+        return [measured["calibration"]]
+    order = list(runs)
+    after = order.index(key) + 1
+    return [runs[key]] + ([runs[order[after]]] if after < len(order) else [])
 
 
 # ------------------------------------------------------------------ the report

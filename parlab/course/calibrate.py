@@ -34,7 +34,8 @@ def measure_this_machine(sizes=(64, 256, 256, 128, 10), *, batches=(32, 128), fi
                  timeout=timeout)
     phases = [s for s in res.timeline if s.rank == 0 and s.name in ("forward", "backward", "update")]
     per_run = 3 * steps * len(batches)
-    timelines, woken = ({b: Timeline(run[3 * steps * k: 3 * steps * (k + 1)])
+    # three phases a step, the batch sizes taking turns step by step (calibration_steps)
+    timelines, woken = ({b: Timeline([s for i, s in enumerate(run) if i // 3 % len(batches) == k])
                          for k, b in enumerate(batches)}
                         for run in (phases[:per_run], phases[per_run:]))
     net = sim.Network.mlp(sizes)
