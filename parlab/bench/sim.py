@@ -230,8 +230,8 @@ def compare(measured: dict) -> list[dict]:
         label = f"lab 06 parameter server {mode}, slow worker x3"
         row(label, "time per 64 samples", mean(p.duration / steps for p in preds), m["step"], 3,
             m.get("core_wait"))
-        row(label, "fast worker's wait share", mean(f["wait_share"] + f["idle_share"] for f in fast),
-            m["wait"])
+        row(label, "fast worker's wait share",
+            mean(f["wait_share"] + f["idle_share"] for f in fast), m["wait"])
 
     for entry in measured["lab07"]:
         shape = HybridShape.of(entry["shape"])

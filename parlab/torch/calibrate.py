@@ -48,8 +48,8 @@ def calibration_ranks(rank: int, world_size: int, sizes, batches, steps: int,
     The sweep (``bandwidth.sweep``: half a ping-pong, and two-rank all-reduces) comes
     first, then how late a receiver that blocked for 20 ms resumes. Then rank 0 trains
     the MLP for ``steps`` steps at each batch size, the sizes taking turns ("forward",
-    "backward", "update" spans), twice: back to back, as lab 01 runs, and with a small message to and from
-    rank 1 before every phase, as a rank of a distributed step runs
+    "backward", "update" spans), twice: back to back, as lab 01 runs, and with a small
+    message to and from rank 1 before every phase, as a rank of a distributed step runs
     (``calibration_steps``).
     """
     from . import bandwidth, comm
