@@ -6,9 +6,9 @@ lab's configurations in their own launches, each between two calibrations (the s
 launch again: the one just before it and the one just after, which is the next
 configuration's): every prediction comes from the calibrations run seconds before and
 after its measurement (predicted under each, their steps pooled), never from the
-measurement itself. Five rounds (``ROUNDS``) run one after another,
-and each line gives the median over the rounds, every round's own figure and how far the
-measured figure moved between rounds: on this shared machine a configuration's step
+measurement itself. Five rounds (``ROUNDS``) run one after another, and each line gives
+the median over the rounds, every round's own figure and how far the measured figure
+moved between rounds: on this shared machine a configuration's step
 moves by 10-30 % from one launch to the next (the cores' speed drifts over seconds), so
 one round alone says little about the model.
 
