@@ -8,9 +8,9 @@ configuration's): every prediction comes from the calibrations run seconds befor
 after its measurement (predicted under each, their steps pooled), never from the
 measurement itself. Five rounds (``ROUNDS``) run one after another, and each line gives
 the median over the rounds, every round's own figure and how far the measured figure
-moved between rounds: on this shared machine a configuration's step
-moves by 10-30 % from one launch to the next (the cores' speed drifts over seconds), so
-one round alone says little about the model.
+moved between rounds: on this shared machine a configuration's step moves by 10-30 %
+from one launch to the next (the cores' speed drifts over seconds), so one round alone
+says little about the model.
 
 A prediction is the median of many predicted steps, as a measured figure is the median
 of many steps: the calibration keeps how far each message of its sweep strayed from the
