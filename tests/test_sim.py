@@ -133,7 +133,7 @@ def test_sim_is_framework_free():
 
 
 # ------------------------------------------------------------------ predicted timelines
-from parlab.trace import COMM, COMPUTE  # noqa: E402
+from parlab.trace import COMM, COMPUTE, WAIT  # noqa: E402
 
 FREE = sim.Link(0.0, float("inf"))
 
@@ -288,6 +288,41 @@ def test_measured_costs_from_two_timelines_recover_the_fixed_part():
     assert m.forward_s(0, 64, shard=2) == pytest.approx(fixed + (m.forward[0] - fixed) / 2)
 
 
+def test_a_pass_s_call_is_paid_once_per_pass_by_every_rank_that_runs_one():
+    """Timed on a one-layer network, a pass's call (``call_s``) is not shared out over the
+    layers: one device pays it once, each of two split ranks once, so the split costs more
+    compute in all; the single device's step is what was measured, as before."""
+    from parlab.trace import Span, Timeline
+    net = sim.Network.mlp((64, 256, 256, 10))     # 3 layers
+
+    def tl(fwd, bwd, upd):
+        spans, t = [], 0.0
+        for _ in range(3):
+            for name, d in (("forward", fwd), ("backward", bwd), ("update", upd)):
+                spans.append(Span(0, COMPUTE, name, t, t + d))
+                t += d
+        return Timeline(spans)
+    fixed, call = 1e-4, (3e-4, 2e-4, 1e-4)        # per layer pass; per call of each phase
+    per = {b: (call[0] + 3 * fixed + b * 1e-5, call[1] + 3 * fixed + b * 2e-5, call[2] + 4e-4)
+           for b in (16, 64)}
+    tiny = tl(call[0] + fixed, call[1] + fixed, call[2])   # one layer of next to no work
+    m = sim.Measured.from_timeline({b: tl(*per[b]) for b in per}, net, calls=tiny)
+    assert m.fixed_s == pytest.approx(fixed)
+    assert m.call_s == pytest.approx(call)
+    one = sim.single_device(net, _free_cluster(), 64, costs=m)
+    assert one.step_s == pytest.approx(sum(per[64]))
+    split = sim.manual_split(net, _free_cluster(), 64, devices=2, bounds=[2], costs=m)
+    computed = sum(s.duration for s in split if s.kind == COMPUTE)
+    assert computed == pytest.approx(sum(per[64]) + sum(call))
+    # the update: its call once per rank, the rest by the rank's share of the parameters
+    assert m.update_s(net.params) == pytest.approx(per[64][2])
+    assert m.update_s(0) == pytest.approx(call[2])
+    # without the one-layer timings: no call, the intercepts shared by the layers
+    plain = sim.Measured.from_timeline({b: tl(*per[b]) for b in per}, net)
+    assert plain.call_s == (0.0, 0.0, 0.0)
+    assert sim.single_device(net, _free_cluster(), 64, costs=plain).step_s == \
+        pytest.approx(sum(per[64]))
+
 def test_the_roofline_takes_the_slower_of_compute_and_memory():
     net = sim.Network.mlp((1024, 1024))
     fast_memory = _cluster(memory_bandwidth_Bps=1e15)
@@ -387,6 +422,28 @@ def test_a_rank_that_blocked_resumes_a_wake_up_later():
     collectives = sum(1 for s in tp0 if s.rank == 0 and s.kind == COMM)
     assert collectives == 3 and tp1.step_s == pytest.approx(tp0.step_s + 3e-3)
 
+
+def test_a_receive_s_wake_up_grows_with_how_long_it_blocked():
+    """With a measured wake curve a receive that blocked b seconds resumes late by the line
+    through the points at b (nothing at no block, flat after the last point)."""
+    from parlab.sim.engine import wake_after
+    curve = ((0.002, 1e-4), (0.02, 7e-4))
+    assert wake_after(0.0, curve) == 0.0
+    assert wake_after(0.001, curve) == pytest.approx(5e-5)
+    assert wake_after(0.011, curve) == pytest.approx(4e-4)
+    assert wake_after(0.5, curve) == pytest.approx(7e-4)
+    # lab 02's receives block for as long as the other stage computes: the second stage
+    # for the first's forward (2 ms), the first for the second's forward and backward
+    # (6 ms, and the second's wake-up); the curve, not wake_latency_s, prices both
+    net, costs = _even(4)
+    quick = sim.manual_split(net, _free_cluster(), 64, devices=2, bounds=[2], costs=costs)
+    assert [s.duration for s in quick if s.kind == WAIT] == pytest.approx([6e-3, 2e-3])
+    slow = sim.manual_split(net, _free_cluster(wake_latency_s=1e-3, wake_curve=curve), 64,
+                            devices=2, bounds=[2], costs=costs)
+    second = wake_after(2e-3, curve)
+    assert slow.step_s == pytest.approx(quick.step_s + second + wake_after(6e-3 + second, curve))
+    with pytest.raises(ValueError, match="wake_curve"):
+        _free_cluster(wake_curve=((0.002, -1.0),))
 
 def test_presets_derate_their_datasheets_and_say_so():
     h100, a100, t4 = sim.h100_nvlink(), sim.a100_nvlink(), sim.t4_pcie()

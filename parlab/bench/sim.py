@@ -351,10 +351,14 @@ def _calibration_line(k: int, measured: dict) -> str:
     strays = sorted(c.message_spread_s + c.collective_spread_s)
     slow = (f", {sum(t > 1e-3 for t in strays)} of its {len(strays)} messages 1 ms or more "
             "over their price" if strays else "")
+    between = measured["calibration"]["costs_between_messages"]
+    calls = "/".join(f"{t * 1e6:.0f}" for t in between.call_s)
+    short = "".join(f", {w * 1e3:.2f} ms after {b * 1e3:.0f} ms" for b, w in c.wake_curve[:-1])
     return (f"round {k + 1}: calibrated before each configuration, the first (fixed part "
-            f"{costs.fixed_s * 1e6:.0f} us per layer pass, link {c.intra}, collective overhead "
-            f"{c.collective_overhead_s * 1e3:.2f} ms, a rank blocked 20 ms resumes "
-            f"{c.wake_latency_s * 1e3:.2f} ms late{slow}); {os.cpu_count()} cores, "
+            f"{costs.fixed_s * 1e6:.0f} us per layer pass, each pass's call {calls} us "
+            f"(forward/backward/update, between messages), link {c.intra}, collective "
+            f"overhead {c.collective_overhead_s * 1e3:.2f} ms, a rank blocked 20 ms resumes "
+            f"{c.wake_latency_s * 1e3:.2f} ms late{short}{slow}); {os.cpu_count()} cores, "
             f"load average {measured['load']}")
 
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..launcher import launch
-from ..torch.calibrate import CALIBRATION_MESSAGES, calibration_ranks
+from ..torch.calibrate import CALIBRATION_MESSAGES, SHORT_BLOCK_S, calibration_ranks
 
 
 def measure_this_machine(sizes=(64, 256, 256, 128, 10), *, batches=(32, 128), fit_batches=None,
@@ -12,9 +12,11 @@ def measure_this_machine(sizes=(64, 256, 256, 128, 10), *, batches=(32, 128), fi
 
     Measures lab 00's link (one message, and an all-reduce of two ranks, per size in
     ``messages``), how late a rank that blocked on a message resumes (the cluster's
-    ``wake_latency_s``: on a busy CPU the scheduler must give it a core back) and lab
-    01's step of the MLP ``sizes`` at each batch size, back to back and between
-    messages. Returns {"cluster": a ``sim.Cluster`` of ``devices`` simulated
+    ``wake_latency_s``, after a 20 ms block, and ``wake_curve``, after a short one and
+    that: on a busy CPU the scheduler must give it a core back) and lab 01's step of
+    the MLP ``sizes`` at each batch size, back to back and between messages, with what
+    a pass's call costs whatever its layers (``Measured.call_s``, timed on a one-layer
+    network). Returns {"cluster": a ``sim.Cluster`` of ``devices`` simulated
     devices sharing this machine's cores, with the measured link and collective overhead
     (``sim.measured_link``: medians) and how far each measured message strayed from them
     (``sim.calibrate.spread_from_records``), "costs": ``sim.Measured`` per-layer costs of
@@ -26,34 +28,47 @@ def measure_this_machine(sizes=(64, 256, 256, 128, 10), *, batches=(32, 128), fi
     """
     import os
     import statistics
+    from dataclasses import replace
 
     from .. import sim
     from ..trace import Timeline
     batches = tuple(batches)
     res = launch(calibration_ranks, 2, args=(tuple(sizes), batches, steps, tuple(messages)),
                  timeout=timeout)
-    phases = [s for s in res.timeline if s.rank == 0 and s.name in ("forward", "backward", "update")]
+    names = ("forward", "backward", "update")
+    phases = [s for s in res.timeline if s.rank == 0 and s.name in names]
     per_run = 3 * steps * len(batches)
     # three phases a step, the batch sizes taking turns step by step (calibration_steps)
     timelines, woken = ({b: Timeline([s for i, s in enumerate(run) if i // 3 % len(batches) == k])
                          for k, b in enumerate(batches)}
                         for run in (phases[:per_run], phases[per_run:]))
+    # the tiny network's passes, "call forward" ...: what each call costs (Measured.call_s)
+    calls = [replace(s, name=s.name[len("call "):]) for s in res.timeline
+             if s.rank == 0 and s.name in {"call " + n for n in names}]
+    calls_alone, calls_woken = Timeline(calls[:3 * steps]), Timeline(calls[3 * steps:])
     net = sim.Network.mlp(sizes)
     fit = tuple(fit_batches or batches)
-    costs = sim.Measured.from_timeline({b: timelines[b] for b in fit}, net, skip=2)
-    between = sim.Measured.from_timeline({b: woken[b] for b in fit}, net, skip=2)
+    costs = sim.Measured.from_timeline({b: timelines[b] for b in fit}, net, skip=2,
+                                       calls=calls_alone)
+    between = sim.Measured.from_timeline({b: woken[b] for b in fit}, net, skip=2,
+                                         calls=calls_woken)
     records = res.results[0]["links"]
     by_op = {op: {r["bytes"]: r["seconds"] for r in records if r["op"] == op}
              for op in ("send_recv", "all_reduce")}
     link, overhead = sim.measured_link(by_op["send_recv"], by_op["all_reduce"])
     # each message's stray from that price, so that predictions meet the slow ones too
     p2p_spread, collective_spread = sim.calibrate.spread_from_records(records, link, overhead)
-    late = [b - a for a, b in zip(res.results[0]["wake"], res.results[1]["wake"])]
-    wake = max(statistics.median(late) - link.time(8), 0.0)
+
+    def late_beyond_the_message(key: str) -> float:
+        late = [b - a for a, b in zip(res.results[0][key], res.results[1][key])]
+        return max(statistics.median(late) - link.time(8), 0.0)
+    wake = late_beyond_the_message("wake")
+    curve = ((SHORT_BLOCK_S, late_beyond_the_message("wake_short")), (0.02, wake))
     per_pass = [costs.forward_s(i, max(fit)) + costs.backward_s(i, max(fit)) for i in range(len(net))]
     flops = 3 * max(fit) * sum(layer.flops for layer in net.layers) / sum(per_pass)
     cluster = sim.Cluster("this machine (measured)", devices, 8e9, flops, costs.fixed_s, devices,
-                          link, link, overhead, wake_latency_s=wake, cores=os.cpu_count() or 1,
+                          link, link, overhead, wake_latency_s=wake, wake_curve=curve,
+                          cores=os.cpu_count() or 1,
                           message_spread_s=p2p_spread, collective_spread_s=collective_spread)
     return {"cluster": cluster, "costs": costs, "costs_between_messages": between,
             "timelines": timelines, "timelines_between_messages": woken, "links": records}

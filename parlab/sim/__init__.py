@@ -48,12 +48,16 @@ Inputs
                     ``measure_this_machine`` gives two: lab 01's step back to back
                     ("costs") and timed between messages ("costs_between_messages",
                     1.3-1.7x slower here: a rank that has just blocked computes
-                    slower), for the ranks of a distributed step; ``calibrate`` fits
-                    links and compute rates to what a lab measured
+                    slower), for the ranks of a distributed step, each with what a
+                    pass's call costs whatever its layers (``Measured.call_s``: every
+                    rank that runs a pass pays it); ``calibrate`` fits links and compute
+                    rates to what a lab measured
 
-Shared cores (this machine): with more runnable threads than ``cores`` (ranks, plus
-DDP's communication thread), a rank woken by a message waits ``wake_latency_s × threads
-/ cores`` for a core, and every step of a ring collective (2(n - 1) of them, each a
+Shared cores (this machine): a rank woken by a message resumes late, the later the
+longer it blocked (``Cluster.wake_curve``, measured after a short block and a 20 ms
+one; ``wake_latency_s``, the 20 ms figure, where no curve is given); with more runnable
+threads than ``cores`` (ranks, plus DDP's communication thread) it waits that × threads
+/ cores for a core, and every step of a ring collective (2(n - 1) of them, each a
 blocking receive in gloo) pays one more wake-up (``engine.oversubscription``,
 ``engine.ring_wakeups_s``): why a message costs far more among computing ranks than an
 idle ping-pong sweep measures. A message needs cores too (gloo moves it on a thread at

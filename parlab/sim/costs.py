@@ -16,8 +16,16 @@ shard)``, ``backward_s(...)`` and ``update_s(params)``:
   one for the weights: twice the FLOPs), the element-wise bytes twice, plus what the
   layer recomputes there (``Layer.backward_gemms``: flash attention's scores).
 * :class:`Measured`: seconds measured here, per layer at one batch size (or fitted over
-  two: a fixed part per pass and a part per sample). ``from_timeline`` turns a measured
-  single-device Timeline into them.
+  two: a fixed part per pass and a part per sample), and what each call of a pass costs
+  whatever layers it runs (``call_s``). ``from_timeline`` turns a measured single-device
+  Timeline into them.
+
+``call_s`` (forward, backward, update): a rank pays the framework's own work once per
+call of a pass, however few layers it holds: zeroing the gradients and the module call,
+starting autograd's engine, the optimizer's step. Split over two ranks, lab 02's MLP
+pays it twice: measured here in one process, the two halves' passes took 0.12 ms
+(forward), 0.09 ms (backward) and 0.09 ms (update) longer than the whole MLP's, over
+and above its layers. ``Roofline`` has none (its fixed cost is per layer).
 
 ``shard`` is the tensor-parallel degree: matrix products and the element-wise work on
 sliced activations divide by it; the fixed cost and the ``replicated_bytes`` (layer
@@ -43,6 +51,7 @@ class Roofline:
     """
 
     source = "roofline"
+    call_s = (0.0, 0.0, 0.0)
 
     def __init__(self, net: Network, cluster):
         self.net, self.cluster = net, cluster
@@ -107,7 +116,10 @@ class Measured:
 
     fixed_s: the part of each layer's pass that does not grow with the batch or shrink
     with tp (0 when only one batch size was measured). update_s: the optimizer step of
-    the whole model; a device holding a share of the parameters takes that share.
+    the whole model; a device holding a share of the parameters takes that share of it
+    beyond its call. call_s: (forward, backward, update) seconds of each call of a pass
+    whatever its layers (the module doc): not in ``forward`` and ``backward`` (a rank adds
+    it once per pass), in ``update`` (``update_s`` keeps it whole for any share).
     """
 
     forward: tuple
@@ -117,6 +129,7 @@ class Measured:
     params: int
     fixed_s: float = 0.0
     source: str = "measured"
+    call_s: tuple = (0.0, 0.0, 0.0)
 
     def _scaled(self, t: float, batch: float, shard: int) -> float:
         return self.fixed_s + max(t - self.fixed_s, 0.0) * batch / self.batch / shard
@@ -128,7 +141,8 @@ class Measured:
         return self._scaled(self.backward[i], batch, shard)
 
     def update_s(self, params: float) -> float:
-        return self.update * params / max(self.params, 1)
+        call = self.call_s[2]
+        return call + (self.update - call) * params / max(self.params, 1)
 
     def recompute_s(self, i: int, batch: float, shard: int = 1) -> float:
         """Selective recomputation: nothing measured here has attention to recompute."""
@@ -136,7 +150,7 @@ class Measured:
 
     @classmethod
     def from_timeline(cls, timelines, net: Network, *, rank: int | None = None,
-                      skip: int = 1, cluster=None) -> "Measured":
+                      skip: int = 1, cluster=None, calls=None) -> "Measured":
         """Per-layer costs from measured single-device timelines (lab 01's step).
 
         timelines: {batch size: Timeline} with "forward", "backward" and "update" spans
@@ -145,26 +159,40 @@ class Measured:
         FLOPs if none is given): the timeline times the whole pass, not each layer.
         With two or more batch sizes, a straight line through each phase's times gives
         the fixed part (its intercept, shared equally by the layers' passes).
+
+        calls: the same phases timed on a network of one tiny layer (a Timeline, as
+        ``timelines``'): what a pass costs with next to no layer, its call (``call_s``),
+        less one layer's fixed part; the layers' fixed part is then what the intercepts
+        hold beyond the call, shared by the n layers: (I_f + I_b - T_f - T_b) / 2(n - 1).
         """
         if not isinstance(timelines, dict) or not timelines:
             raise ValueError("give {batch size: measured Timeline}, e.g. {64: run.timeline}")
         phases = {b: _median_phases(tl, rank, skip) for b, tl in timelines.items()}
         batches = sorted(phases)
-        ref = batches[-1]
+        ref, n = batches[-1], len(net)
+        tiny = _median_phases(calls, rank, skip) if calls is not None else None
         fixed = 0.0
         if len(batches) > 1:
             intercepts = [fit_line(batches, [phases[b][p] for b in batches])[1]
                           for p in ("forward", "backward")]
-            fixed = max(sum(intercepts) / (2 * len(net)), 0.0)
+            if tiny is None:
+                fixed = max(sum(intercepts) / (2 * n), 0.0)
+            elif n > 1:
+                fixed = max((sum(intercepts) - tiny["forward"] - tiny["backward"])
+                            / (2 * (n - 1)), 0.0)
             # noise can make the intercept exceed a measured pass: keep both parts >= 0
-            fixed = min(fixed, min(phases[ref]["forward"], phases[ref]["backward"]) / len(net))
+            fixed = min(fixed, min(phases[ref]["forward"], phases[ref]["backward"]) / n)
+        call = (0.0, 0.0, 0.0)
+        if tiny is not None:        # each call's part, within what the whole pass took
+            call = tuple(min(max(tiny[p] - (fixed if p != "update" else 0.0), 0.0),
+                             phases[ref][p] - (n * fixed if p != "update" else 0.0))
+                         for p in ("forward", "backward", "update"))
         weights = _layer_weights(net, cluster, ref)
         share = [w / sum(weights) for w in weights]
-        n = len(net)
-        fwd = tuple(fixed + (phases[ref]["forward"] - n * fixed) * s for s in share)
-        bwd = tuple(fixed + (phases[ref]["backward"] - n * fixed) * s for s in share)
+        fwd = tuple(fixed + (phases[ref]["forward"] - call[0] - n * fixed) * s for s in share)
+        bwd = tuple(fixed + (phases[ref]["backward"] - call[1] - n * fixed) * s for s in share)
         return cls(fwd, bwd, phases[ref]["update"], ref, net.params, fixed,
-                   source=f"measured at batch {', '.join(map(str, batches))}")
+                   source=f"measured at batch {', '.join(map(str, batches))}", call_s=call)
 
 
 def _median_phases(timeline, rank, skip: int) -> dict:

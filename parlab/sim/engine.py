@@ -14,7 +14,15 @@ the engine says where.
 runs again only when the scheduler gives it a core back; a message that a rank had to
 wait for therefore ends that much later for it (counted as waiting), and so does every
 collective (its members, descheduled at random, never arrive together: one always
-blocks). On a GPU, where NCCL spins, it is 0.
+blocks). On a GPU, where NCCL spins, it is 0. ``wake_curve``: how late a receive resumes
+grows with how long it blocked (measured here, beyond the message's own time: 0-0.3 ms
+after a block of 2 ms in most calibrations, 0.3-0.65 ms after 20 ms; the longer a
+processor sleeps, the more it has to wake from, and the sweep's price already holds a
+short block's wake-up): given
+measured points (seconds blocked, seconds late), a receive that blocked ``b`` resumes
+late by the straight line through them at ``b`` (from nothing at no block, flat after
+the last point); ``wake_s`` then serves only the collectives, whose members' blocks the
+engine does not follow.
 
 ``oversubscribed``: with more runnable threads than cores (ranks, plus DDP's
 communication thread on a rank with a background lane), a rank woken by a message
@@ -160,15 +168,16 @@ class PredictedTimeline(Timeline):
 
 def run(programs: list[list], labels: dict | None = None, *, steps: int = 1,
         notes: dict | None = None, wake_s: float = 0.0, cores: int = 0,
-        spread: tuple = ((), ())) -> PredictedTimeline:
+        spread: tuple = ((), ()), wake_curve: tuple = ()) -> PredictedTimeline:
     """Every rank's program on one clock, as a predicted timeline (see the module doc).
 
     cores: how many processors the ranks share (0: each rank has its own, as GPUs do).
     With fewer cores than ranks computing at once, each computes at cores / computing
     of its speed (the operating system shares them fairly: processor sharing).
     spread: (point-to-point strays, collective strays) in seconds, drawn from per message.
+    wake_curve: ((seconds blocked, seconds late), ...) measured: a blocked receive's wake-up.
     """
-    sim = Engine(programs, wake_s, cores, spread)
+    sim = Engine(programs, wake_s, cores, spread, wake_curve)
     sim.run()
     return PredictedTimeline(merge_compute(sim.spans), labels,
                              range(len(programs)) if labels is None else None,
@@ -184,9 +193,10 @@ class Engine:
     """
 
     def __init__(self, programs, wake_s: float = 0.0, cores: int = 0,
-                 spread: tuple = ((), ())):
+                 spread: tuple = ((), ()), wake_curve: tuple = ()):
         self.programs = programs
         self.wake_s, self.cores = wake_s, cores
+        self.wake_curve = tuple(sorted(wake_curve))
         self.spread = tuple(tuple(x) for x in spread)
         self.settled: dict[tuple, float] = {}     # message or collective key -> its seconds
         self.draw = random.Random(SPREAD_SEED)
@@ -310,11 +320,19 @@ class Engine:
     def _transfer(self, r, name, start, send: Send, peer, key) -> str:
         arrived = self.arrived_at[r]
         if start > arrived:                  # it blocked: it resumes when scheduled again
-            start += self.wake
+            start += self._woken(start - arrived)
         seconds = self._seconds(("p", *key), send.seconds, self.spread[0], 2)
         self._span(r, WAIT, name, arrived, start, peer=peer, axis=send.axis)
         self._span(r, COMM, name, start, start + seconds, send.nbytes, peer, send.axis)
         return self._occupy(r, start + seconds)
+
+    def _woken(self, blocked: float) -> float:
+        """How late a receive that blocked ``blocked`` seconds resumes: the measured
+        ``wake_curve`` at that block (``wake_after``), else ``wake_s``; queued behind the
+        runnable threads where they outnumber the cores."""
+        if not self.wake_curve:
+            return self.wake
+        return wake_after(blocked, self.wake_curve) * self.over
 
     def _computing(self) -> int:
         """Ranks computing now, with those free to start a compute at this same moment
@@ -419,6 +437,17 @@ SPREAD_SEED = 0        # the draws of message strays: fixed, so a prediction is 
 def oversubscription(threads: int, cores: int) -> float:
     """Runnable threads per core when they outnumber the cores; else 1 (and 1 on GPUs)."""
     return threads / cores if cores and threads > cores else 1.0
+
+
+def wake_after(blocked: float, curve: tuple) -> float:
+    """The straight line through the measured (seconds blocked, seconds late) points of
+    ``curve`` at ``blocked``, starting from nothing at no block, flat after the last."""
+    x0, y0 = 0.0, 0.0
+    for x1, y1 in curve:
+        if blocked <= x1:
+            return y0 + (y1 - y0) * (blocked - x0) / (x1 - x0) if x1 > x0 else y1
+        x0, y0 = x1, y1
+    return y0
 
 
 def ring_wakeups_s(members: int, wake_s: float, over: float) -> float:

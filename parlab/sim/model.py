@@ -63,6 +63,9 @@ class Cluster:
     collective_overhead_s: float = 0.0   # software cost of one collective call
     memory_bandwidth_Bps: float = math.inf   # sustained, per device: the roofline's slope
     wake_latency_s: float = 0.0     # a rank that blocked on a peer resumes this late (CPU)
+    # measured (seconds blocked, seconds late) points: a receive's wake-up by how long it
+    # blocked (sim.engine.wake_after); empty: wake_latency_s after any block
+    wake_curve: tuple = ()
     cores: int = 0                  # processors the devices share (0: each its own, GPUs)
     matrix: MatrixUnit | None = None    # prices matrix products by shape (sim.gemm); None:
                                         # flops for all of them
@@ -90,6 +93,12 @@ class Cluster:
                unit="bytes per second", positive=True, infinite=True)
         for name in ("layer_overhead_s", "collective_overhead_s", "wake_latency_s"):
             amount(owner, name, getattr(self, name), unit="seconds")
+        if not isinstance(self.wake_curve, tuple) or not all(
+                isinstance(p, tuple) and len(p) == 2 and all(
+                    isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in p)
+                for p in self.wake_curve):
+            raise ValueError(f"{owner}: wake_curve must be a tuple of (seconds blocked, seconds "
+                             f"late) pairs, both >= 0, got {self.wake_curve!r}")
         for name in ("message_spread_s", "collective_spread_s"):
             spread = getattr(self, name)
             if not isinstance(spread, tuple) or not all(

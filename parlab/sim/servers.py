@@ -44,8 +44,9 @@ def parameter_server(net: Network, cluster: Cluster, batch: int, *, workers: int
     header = send_s(HEADER_BYTES, mesh.link["dp"])
     t_params = header + send_s(p * net.state["params"], mesh.link["dp"])
     t_grads = header + send_s(p * net.grad_wire_bytes, mesh.link["dp"])
-    fwd = sum(costs.forward_s(i, per) for i in range(len(net)))
-    bwd = sum(costs.backward_s(i, per) for i in range(len(net)))
+    call = getattr(costs, "call_s", (0.0, 0.0, 0.0))     # each pass's own call, once
+    fwd = call[0] + sum(costs.forward_s(i, per) for i in range(len(net)))
+    bwd = call[1] + sum(costs.backward_s(i, per) for i in range(len(net)))
     update = costs.update_s(p)
     add = p * net.grad_wire_bytes * 3 / cluster.memory_bandwidth_Bps + cluster.layer_overhead_s
     sim = _ps_sync if mode == "sync" else _ps_async
@@ -75,7 +76,7 @@ def _ps_sync(workers, steps, slow, fwd, bwd, update, add, t_params, t_grads, pby
             progs[0].append(Send(w, pbytes, t_params, "send params", None, True))
     for w in ws:
         progs[w].append(Recv(0, pbytes, "pull params"))
-    eng = Engine(progs, mesh.wake, mesh.cores, mesh.spread)
+    eng = Engine(progs, mesh.wake, mesh.cores, mesh.spread, mesh.wake_curve)
     eng.run()
     return merge_compute(eng.spans)
 

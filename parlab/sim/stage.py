@@ -40,6 +40,7 @@ class Mesh:
         self.cluster = cluster
         self.overhead = cluster.collective_overhead_s
         self.wake = getattr(cluster, "wake_latency_s", 0.0)
+        self.wake_curve = getattr(cluster, "wake_curve", ())
         self.cores = getattr(cluster, "cores", 0)
         self.spread = (getattr(cluster, "message_spread_s", ()),
                        getattr(cluster, "collective_spread_s", ()))
@@ -104,8 +105,13 @@ class Stage:
             ops.append(self._tp(group, out, m.all_reduce_s("tp", out), "all-reduce"))
         return ops
 
+    def _call(self, name: str, which: int) -> list:
+        """The pass's own call, paid once per pass whatever its layers (``costs.call_s``)."""
+        seconds = getattr(self.costs, "call_s", (0.0, 0.0, 0.0))[which]
+        return [Compute(name, seconds)] if seconds > 0 else []
+
     def forward(self, name: str, batch: float, group: tuple) -> list:
-        ops = []
+        ops = self._call(name, 0)
         for k, i in enumerate(self.layers):
             if self.sharder:
                 ops += self.sharder.before(i, forward=True)
@@ -126,7 +132,7 @@ class Stage:
         return []
 
     def backward(self, name: str, batch: float, group: tuple) -> list:
-        ops, m, ab = [], self.mesh, self.net.act_bytes
+        ops, m, ab = self._call(name, 1), self.mesh, self.net.act_bytes
         for k in reversed(range(len(self.layers))):
             i = self.layers[k]
             if self.sharder:

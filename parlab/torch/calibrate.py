@@ -46,27 +46,34 @@ def calibration_ranks(rank: int, world_size: int, sizes, batches, steps: int,
     """Rank function: lab 00's link sweep on two ranks, then lab 01's traced step on rank 0.
 
     The sweep (``bandwidth.sweep``: half a ping-pong, and two-rank all-reduces) comes
-    first, then how late a receiver that blocked for 20 ms resumes. Then rank 0 trains
-    the MLP for ``steps`` steps at each batch size, the sizes taking turns ("forward",
-    "backward", "update" spans), twice: back to back, as lab 01 runs, and with a small
+    first, then how late a receiver that blocked resumes, after 20 ms ("wake") and after
+    ``SHORT_BLOCK_S`` ("wake_short"). Then rank 0 trains the MLP for ``steps`` steps at
+    each batch size, the sizes taking turns ("forward", "backward", "update" spans), and
+    a network of one tiny layer after each turn ("call forward", ...: what a pass costs
+    with next to no layer), twice: back to back, as lab 01 runs, and with a small
     message to and from rank 1 before every phase, as a rank of a distributed step runs
     (``calibration_steps``).
     """
     from . import bandwidth, comm
     links = bandwidth.sweep(rank, world_size, sizes=messages, ops=("send_recv", "all_reduce"))
     wake = wake_times(rank, repeats=40)
+    wake_short = wake_times(rank, repeats=40, sleep_s=SHORT_BLOCK_S)
     comm.barrier(name="calibration")
     calibration_steps(rank, sizes, batches, steps, between_messages=False)
     comm.barrier(name="calibration")
     calibration_steps(rank, sizes, batches, steps, between_messages=True)
     comm.barrier(name="calibration")
-    return {"links": links, "wake": wake}
+    return {"links": links, "wake": wake, "wake_short": wake_short}
+
+
+SHORT_BLOCK_S = 0.002    # a short block: a pipeline's or lab 02's receives block 1-2 ms
 
 
 def calibration_steps(rank: int, sizes, batches, steps: int, between_messages: bool) -> None:
     """Rank 0 trains the MLP (lr 0), each phase traced; rank 1 only answers messages.
 
-    The batch sizes take turns, one step each (32, 64, 128, 32, ...), rather than
+    The batch sizes take turns, one step each (32, 64, 128, then the tiny network's
+    step, 32, ...), rather than
     ``steps`` of one size and then the next: this machine's cores change speed over
     seconds, and the fit draws a line through the sizes. Measured here, twenty runs
     each: a line through batches 32 and 128 run one size after the other predicted
@@ -99,25 +106,29 @@ def calibration_steps(rank: int, sizes, batches, steps: int, between_messages: b
 
     model = training.build_model("mlp", sizes=sizes, seed=0)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    tiny = nn.Sequential(nn.Linear(1, 2))        # a pass with next to no layer: its call
+    tiny_opt = torch.optim.SGD(tiny.parameters(), lr=0.0)
     loss_fn = nn.CrossEntropyLoss()
     data = {b: (torch.randn(b, sizes[0]), torch.randint(0, sizes[-1], (b,))) for b in batches}
+    data["call"] = (torch.randn(1, 1), torch.zeros(1, dtype=torch.long))
+    runs = [(b, model, opt, "") for b in batches] + [("call", tiny, tiny_opt, "call ")]
     for _ in range(steps):
-        for b in batches:
+        for b, net, optimizer, prefix in runs:
             x, y = data[b]
             message()
             if rank != 0:
                 message()
                 message()
                 continue
-            with span("forward"):
-                opt.zero_grad()
-                loss = loss_fn(model(x), y)
+            with span(prefix + "forward"):
+                optimizer.zero_grad()
+                loss = loss_fn(net(x), y)
             message()
-            with span("backward"):
+            with span(prefix + "backward"):
                 loss.backward()
             message()
-            with span("update"):
-                opt.step()
+            with span(prefix + "update"):
+                optimizer.step()
 
 
 def wake_times(rank: int, repeats: int, sleep_s: float = 0.02) -> list[float]:
