@@ -323,6 +323,7 @@ def test_a_pass_s_call_is_paid_once_per_pass_by_every_rank_that_runs_one():
     assert sim.single_device(net, _free_cluster(), 64, costs=plain).step_s == \
         pytest.approx(sum(per[64]))
 
+
 def test_the_roofline_takes_the_slower_of_compute_and_memory():
     net = sim.Network.mlp((1024, 1024))
     fast_memory = _cluster(memory_bandwidth_Bps=1e15)
@@ -444,6 +445,7 @@ def test_a_receive_s_wake_up_grows_with_how_long_it_blocked():
     assert slow.step_s == pytest.approx(quick.step_s + second + wake_after(6e-3 + second, curve))
     with pytest.raises(ValueError, match="wake_curve"):
         _free_cluster(wake_curve=((0.002, -1.0),))
+
 
 def test_presets_derate_their_datasheets_and_say_so():
     h100, a100, t4 = sim.h100_nvlink(), sim.a100_nvlink(), sim.t4_pcie()
