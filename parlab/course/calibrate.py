@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from ..launcher import launch
-from ..torch.calibrate import CALIBRATION_MESSAGES, SHORT_BLOCK_S, calibration_ranks
+from ..torch.calibrate import (CALIBRATION_MESSAGES, LONG_BLOCK_S, SHORT_BLOCK_S,
+                               calibration_ranks)
 
 
 def measure_this_machine(sizes=(64, 256, 256, 128, 10), *, batches=(32, 128), fit_batches=None,
@@ -63,7 +64,7 @@ def measure_this_machine(sizes=(64, 256, 256, 128, 10), *, batches=(32, 128), fi
         late = [b - a for a, b in zip(res.results[0][key], res.results[1][key])]
         return max(statistics.median(late) - link.time(8), 0.0)
     wake = late_beyond_the_message("wake")
-    curve = ((SHORT_BLOCK_S, late_beyond_the_message("wake_short")), (0.02, wake))
+    curve = ((SHORT_BLOCK_S, late_beyond_the_message("wake_short")), (LONG_BLOCK_S, wake))
     per_pass = [costs.forward_s(i, max(fit)) + costs.backward_s(i, max(fit)) for i in range(len(net))]
     flops = 3 * max(fit) * sum(layer.flops for layer in net.layers) / sum(per_pass)
     cluster = sim.Cluster("this machine (measured)", devices, 8e9, flops, costs.fixed_s, devices,

@@ -106,6 +106,12 @@ class Roofline:
             self.cluster.memory_bandwidth_Bps
 
 
+def call_s(costs) -> tuple:
+    """(forward, backward, update) seconds of each call of a pass (``Measured.call_s``);
+    nothing for a cost source without one."""
+    return getattr(costs, "call_s", (0.0, 0.0, 0.0))
+
+
 def _in_elems(net: Network, i: int) -> float:
     return net.in_elems if i == 0 else net.layers[i - 1].out_elems
 
@@ -184,8 +190,8 @@ class Measured:
             fixed = min(fixed, min(phases[ref]["forward"], phases[ref]["backward"]) / n)
         call = (0.0, 0.0, 0.0)
         if tiny is not None:        # each call's part, within what the whole pass took
-            call = tuple(min(max(tiny[p] - (fixed if p != "update" else 0.0), 0.0),
-                             phases[ref][p] - (n * fixed if p != "update" else 0.0))
+            per_layer = {"forward": fixed, "backward": fixed, "update": 0.0}
+            call = tuple(min(max(tiny[p] - per_layer[p], 0.0), phases[ref][p] - n * per_layer[p])
                          for p in ("forward", "backward", "update"))
         weights = _layer_weights(net, cluster, ref)
         share = [w / sum(weights) for w in weights]

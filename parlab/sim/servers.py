@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..errors import counted
 from ..trace import COMM, COMPUTE, WAIT, Span
-from .costs import Network
+from .costs import Network, call_s
 from .engine import (Compute, Engine, PredictedTimeline, Recv, Send, merge_compute,
                      oversubscription)
 from .model import Cluster, send_s
@@ -44,7 +44,7 @@ def parameter_server(net: Network, cluster: Cluster, batch: int, *, workers: int
     header = send_s(HEADER_BYTES, mesh.link["dp"])
     t_params = header + send_s(p * net.state["params"], mesh.link["dp"])
     t_grads = header + send_s(p * net.grad_wire_bytes, mesh.link["dp"])
-    call = getattr(costs, "call_s", (0.0, 0.0, 0.0))     # each pass's own call, once
+    call = call_s(costs)                                 # each pass's own call, once
     fwd = call[0] + sum(costs.forward_s(i, per) for i in range(len(net)))
     bwd = call[1] + sum(costs.backward_s(i, per) for i in range(len(net)))
     update = costs.update_s(p)

@@ -11,7 +11,7 @@ al., 2019, figure 4); plain linear layers pair column-then-row.
 from __future__ import annotations
 
 from .collectives import all_reduce_time, half_ring_time
-from .costs import Network
+from .costs import Network, call_s
 from .engine import Collective, Compute
 from .model import Cluster
 
@@ -107,7 +107,7 @@ class Stage:
 
     def _call(self, name: str, which: int) -> list:
         """The pass's own call, paid once per pass whatever its layers (``costs.call_s``)."""
-        seconds = getattr(self.costs, "call_s", (0.0, 0.0, 0.0))[which]
+        seconds = call_s(self.costs)[which]
         return [Compute(name, seconds)] if seconds > 0 else []
 
     def forward(self, name: str, batch: float, group: tuple) -> list:

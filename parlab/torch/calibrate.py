@@ -67,15 +67,15 @@ def calibration_ranks(rank: int, world_size: int, sizes, batches, steps: int,
 
 
 SHORT_BLOCK_S = 0.002    # a short block: a pipeline's or lab 02's receives block 1-2 ms
+LONG_BLOCK_S = 0.02      # a long one: the wake-up collectives pay (wake_latency_s)
 
 
 def calibration_steps(rank: int, sizes, batches, steps: int, between_messages: bool) -> None:
     """Rank 0 trains the MLP (lr 0), each phase traced; rank 1 only answers messages.
 
     The batch sizes take turns, one step each (32, 64, 128, then the tiny network's
-    step, 32, ...), rather than
-    ``steps`` of one size and then the next: this machine's cores change speed over
-    seconds, and the fit draws a line through the sizes. Measured here, twenty runs
+    step, 32, ...), rather than ``steps`` of one size and then the next: this machine's
+    cores change speed over seconds, and the fit draws a line through the sizes. Measured here, twenty runs
     each: a line through batches 32 and 128 run one size after the other predicted
     batch 64 at 0.83-1.45 of its measured time; with the sizes taking turns, 1.00-1.11.
 
@@ -131,7 +131,7 @@ def calibration_steps(rank: int, sizes, batches, steps: int, between_messages: b
                 optimizer.step()
 
 
-def wake_times(rank: int, repeats: int, sleep_s: float = 0.02) -> list[float]:
+def wake_times(rank: int, repeats: int, sleep_s: float = LONG_BLOCK_S) -> list[float]:
     """Rank 0: when it sent a small message; rank 1: when its blocked receive returned.
 
     Rank 1 posts its receive at once and sleeps in it while rank 0 sleeps ``sleep_s``
