@@ -3,9 +3,13 @@
 Margins, from runs on the 2-core machine (600 messages of 64 bytes, every rank held on
 the same two cores): with two ranks computing beside them, the receiver waited 261-470 ms
 for a core against 73-78 ms of transfer (303 ms against 87 ms with two more busy loops
-running beside the test); two ranks alone waited 12-21 ms. The checks ask for a
-fraction of those gaps: core wait above transfer, and the quiet pair (the least of up to
-three launches) under a third of the contended one.
+running beside the test); two ranks alone waited 12-21 ms. On another day the pair alone
+waited 64-364 ms (eight launches) and the test failed in two of five runs (the least of
+three quiet launches 0.12 s against 0.35 s contended); with four ranks computing beside
+them the receiver waited 653-1049 ms against 501-567 ms with two (three launches each,
+that day), so the contended half now runs four. The checks ask for a fraction of those
+gaps: core wait above transfer, and the quiet pair (the least of up to three launches)
+under a third of the contended one.
 """
 import json
 import time
@@ -87,9 +91,9 @@ def _machine_is_busy() -> str:
 
 @needs_schedstat
 def test_the_receiver_of_small_messages_waits_for_a_core_not_for_the_wire(no_leftover_ranks):
-    busy = parlab.launch(workers.small_messages_beside_busy_ranks, 4, args=(MESSAGES, 2.0))
+    busy = parlab.launch(workers.small_messages_beside_busy_ranks, 6, args=(MESSAGES, 2.0))
     rx = busy.timeline.summary()[1]
-    assert rx["core_wait_s"] > 0.1e-3 * MESSAGES, rx          # measured 0.4-0.8 ms a message
+    assert rx["core_wait_s"] > 0.1e-3 * MESSAGES, rx          # measured 0.4-1.7 ms a message
     assert rx["core_wait_s"] > rx["comm_s"], rx               # little of it is transfer
     # The quiet pair, up to three times, the least-waiting kept: work that starts beside
     # the suite for a second (a CI run once saw 417 ms where 12-21 ms is usual, with the
