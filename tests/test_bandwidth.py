@@ -93,6 +93,9 @@ def test_this_machine_is_calibrated_back_to_back_and_between_messages(no_leftove
     (short, after_short), (long, after_long) = cluster.wake_curve
     assert short < long == 0.02 and after_short >= 0 and after_long == cluster.wake_latency_s
     assert cluster.cores >= 1
+    # DDP's bucket all-reduce (lab 05's hook on this MLP): its rank's time around it
+    before, after = cluster.handoff_s
+    assert 0 <= before < 0.05 and 0 < after < 0.05
     # one stray per measured message: what it took beyond the link's price
     sends = [r for r in here["links"] if r["op"] == "send_recv"]
     assert len(cluster.message_spread_s) == sum(r["repeats"] for r in sends)

@@ -447,6 +447,26 @@ def test_a_receive_s_wake_up_grows_with_how_long_it_blocked():
         _free_cluster(wake_curve=((0.002, -1.0),))
 
 
+def test_a_bucket_s_all_reduce_starts_and_lands_after_its_handoff():
+    """A measured hand-off: DDP's bucket all-reduce starts ``before`` after the backward
+    that fills it, and the rank waiting for it resumes ``after`` after it ends (on free
+    links, all that the update waits for)."""
+    net, costs = _even(4)
+    plain = sim.data_parallel(net, _cluster(devices=2), 64, devices=2, costs=costs)
+    slow = sim.data_parallel(net, _cluster(devices=2, handoff_s=(2e-4, 5e-4)), 64, devices=2,
+                             costs=costs)
+    reduce = [s for s in plain if s.rank == 2 and s.kind == COMM]
+    moved = [s for s in slow if s.rank == 2 and s.kind == COMM]
+    assert [s.start + 2e-4 for s in reduce] == pytest.approx([s.start for s in moved])
+    assert slow.step_s == pytest.approx(plain.step_s + 7e-4)
+    hidden = sim.data_parallel(net, _free_cluster(devices=2, handoff_s=(0.0, 5e-4)), 64,
+                               devices=2, buckets=4, costs=costs)
+    waits = [s for s in hidden if s.rank < 2 and s.kind == WAIT]
+    assert waits and all(s.duration == pytest.approx(5e-4) for s in waits)
+    with pytest.raises(ValueError, match="handoff_s"):
+        _free_cluster(handoff_s=(1e-4,))
+
+
 def test_presets_derate_their_datasheets_and_say_so():
     h100, a100, t4 = sim.h100_nvlink(), sim.a100_nvlink(), sim.t4_pcie()
     # the maximum achievable matrix rate, not the peak (989 and 312 TFLOP/s)

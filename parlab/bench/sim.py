@@ -354,12 +354,15 @@ def _calibration_line(k: int, measured: dict) -> str:
     between = measured["calibration"]["costs_between_messages"]
     calls = "/".join(f"{t * 1e6:.0f}" for t in between.call_s)
     short = "".join(f", {w * 1e3:.2f} ms after {b * 1e3:.0f} ms" for b, w in c.wake_curve[:-1])
+    bucket = (f", a DDP bucket's all-reduce starts {c.handoff_s[0] * 1e3:.2f} ms after its "
+              f"last gradient and its rank resumes {c.handoff_s[1] * 1e3:.2f} ms after it"
+              if c.handoff_s else "")
     return (f"round {k + 1}: calibrated before each configuration, the first (fixed part "
             f"{costs.fixed_s * 1e6:.0f} us per layer pass, each pass's call {calls} us "
             f"(forward/backward/update, between messages), link {c.intra}, collective "
             f"overhead {c.collective_overhead_s * 1e3:.2f} ms, a rank blocked 20 ms resumes "
-            f"{c.wake_latency_s * 1e3:.2f} ms late{short}{slow}); {os.cpu_count()} cores, "
-            f"load average {measured['load']}")
+            f"{c.wake_latency_s * 1e3:.2f} ms late{short}{bucket}{slow}); "
+            f"{os.cpu_count()} cores, load average {measured['load']}")
 
 
 @benchmark("sim")

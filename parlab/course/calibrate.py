@@ -13,19 +13,20 @@ def measure_this_machine(sizes=(64, 256, 256, 128, 10), *, batches=(32, 128), fi
 
     Measures lab 00's link (one message, and an all-reduce of two ranks, per size in
     ``messages``), how late a rank that blocked on a message resumes (the cluster's
-    ``wake_latency_s``, after a 20 ms block, and ``wake_curve``, after a short one and
-    that: on a busy CPU the scheduler must give it a core back) and lab 01's step of
-    the MLP ``sizes`` at each batch size, back to back and between messages, with what
-    a pass's call costs whatever its layers (``Measured.call_s``, timed on a one-layer
-    network). Returns {"cluster": a ``sim.Cluster`` of ``devices`` simulated
-    devices sharing this machine's cores, with the measured link and collective overhead
+    ``wake_latency_s``, after a 20 ms block, and ``wake_curve``, after a short one and that:
+    on a busy CPU the scheduler must give it a core back) and lab 01's step of the MLP
+    ``sizes`` at each batch size, back to back and between messages, with what a pass's call
+    costs whatever its layers (``Measured.call_s``, timed on a one-layer network), and what
+    a DDP bucket's all-reduce costs its rank before it starts and after it ends
+    (``handoff_s``). Returns {"cluster": a ``sim.Cluster`` of ``devices`` simulated devices
+    sharing this machine's cores, with the measured link and collective overhead
     (``sim.measured_link``: medians) and how far each measured message strayed from them
     (``sim.calibrate.spread_from_records``), "costs": ``sim.Measured`` per-layer costs of
     the step run back to back (lab 01), "costs_between_messages": the same timed as a rank
     of a distributed step computes, after a blocking message (use these for two ranks or
-    more), both fitted on ``fit_batches`` (default: all ``batches``), "timelines":
-    {batch: the measured single-device steps, back to back}, "timelines_between_messages"
-    (the same, between messages), "links": the sweep's records}.
+    more), both fitted on ``fit_batches`` (default: all ``batches``), "timelines": {batch:
+    the measured single-device steps, back to back}, "timelines_between_messages" (the same,
+    between messages), "links": the sweep's records}.
     """
     import os
     import statistics
@@ -65,11 +66,32 @@ def measure_this_machine(sizes=(64, 256, 256, 128, 10), *, batches=(32, 128), fi
         return max(statistics.median(late) - link.time(8), 0.0)
     wake = late_beyond_the_message("wake")
     curve = ((SHORT_BLOCK_S, late_beyond_the_message("wake_short")), (LONG_BLOCK_S, wake))
+    handoff = bucket_handoff(res.timeline, lane=2)
     per_pass = [costs.forward_s(i, max(fit)) + costs.backward_s(i, max(fit)) for i in range(len(net))]
     flops = 3 * max(fit) * sum(layer.flops for layer in net.layers) / sum(per_pass)
     cluster = sim.Cluster("this machine (measured)", devices, 8e9, flops, costs.fixed_s, devices,
                           link, link, overhead, wake_latency_s=wake, wake_curve=curve,
+                          handoff_s=handoff,
                           cores=os.cpu_count() or 1,
                           message_spread_s=p2p_spread, collective_spread_s=collective_spread)
     return {"cluster": cluster, "costs": costs, "costs_between_messages": between,
             "timelines": timelines, "timelines_between_messages": woken, "links": records}
+
+
+def bucket_handoff(timeline, lane: int) -> tuple[float, float]:
+    """(before, after): the medians, over rank 0's steps of ``bucket_handoffs``, of how
+    long after its last gradient its bucket's all-reduce started on ``lane``, and how long
+    after the all-reduce ended ``backward()`` returned."""
+    import statistics
+    reduces = [s for s in timeline if s.rank == lane and s.kind == "comm"
+               and s.name.startswith("bucket all_reduce")]
+    before, after = [], []
+    for wait in (s for s in timeline if s.rank == 0 and s.name == "handoff wait"):
+        inside = [r for r in reduces if wait.start <= r.start and r.end <= wait.end]
+        if inside:
+            before.append(inside[0].start - wait.start)
+            after.append(wait.end - inside[-1].end)
+    if not before:
+        raise RuntimeError("the calibration's DDP steps left no bucket all-reduce inside "
+                           "their wait: nothing to measure the hand-off from")
+    return statistics.median(before), statistics.median(after)

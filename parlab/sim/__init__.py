@@ -61,7 +61,9 @@ threads than ``cores`` (ranks, plus DDP's communication thread) it waits that ×
 blocking receive in gloo) pays one more wake-up (``engine.oversubscription``,
 ``engine.ring_wakeups_s``): why a message costs far more among computing ranks than an
 idle ping-pong sweep measures. A message needs cores too (gloo moves it on a thread at
-each end): one that starts while ranks compute shares the cores with them. And a
+each end): one that starts while ranks compute shares the cores with them. DDP's bucket
+all-reduce starts a little after its last gradient and reaches its rank a little after
+it ends (``Cluster.handoff_s``, measured on lab 05's hook). And a
 measured machine's messages stray from their price (``Cluster.message_spread_s``,
 ``collective_spread_s``, from ``measure_this_machine``'s sweep): the engine adds one
 measured stray, drawn at random, to every message, so the median of many predicted

@@ -66,6 +66,11 @@ class Cluster:
     # measured (seconds blocked, seconds late) points: a receive's wake-up by how long it
     # blocked (sim.engine.wake_after); empty: wake_latency_s after any block
     wake_curve: tuple = ()
+    # measured (before, after): a background collective (a DDP bucket's all-reduce) starts
+    # this long after it is posted (the bucket filled, the hook called) and its result
+    # reaches the waiting rank this long after it ends (copied back, the thread woken);
+    # empty: neither (sim.engine)
+    handoff_s: tuple = ()
     cores: int = 0                  # processors the devices share (0: each its own, GPUs)
     matrix: MatrixUnit | None = None    # prices matrix products by shape (sim.gemm); None:
                                         # flops for all of them
@@ -99,6 +104,11 @@ class Cluster:
                 for p in self.wake_curve):
             raise ValueError(f"{owner}: wake_curve must be a tuple of (seconds blocked, seconds "
                              f"late) pairs, both >= 0, got {self.wake_curve!r}")
+        handoff = self.handoff_s
+        if not isinstance(handoff, tuple) or len(handoff) not in (0, 2) or not all(
+                isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in handoff):
+            raise ValueError(f"{owner}: handoff_s must be () or (seconds before, seconds "
+                             f"after), both >= 0, got {self.handoff_s!r}")
         for name in ("message_spread_s", "collective_spread_s"):
             spread = getattr(self, name)
             if not isinstance(spread, tuple) or not all(

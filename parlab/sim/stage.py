@@ -41,6 +41,7 @@ class Mesh:
         self.overhead = cluster.collective_overhead_s
         self.wake = getattr(cluster, "wake_latency_s", 0.0)
         self.wake_curve = getattr(cluster, "wake_curve", ())
+        self.handoff = getattr(cluster, "handoff_s", ()) or (0.0, 0.0)
         self.cores = getattr(cluster, "cores", 0)
         self.spread = (getattr(cluster, "message_spread_s", ()),
                        getattr(cluster, "collective_spread_s", ()))

@@ -52,7 +52,8 @@ def calibration_ranks(rank: int, world_size: int, sizes, batches, steps: int,
     a network of one tiny layer after each turn ("call forward", ...: what a pass costs
     with next to no layer), twice: back to back, as lab 01 runs, and with a small
     message to and from rank 1 before every phase, as a rank of a distributed step runs
-    (``calibration_steps``).
+    (``calibration_steps``). Last, both ranks run DDP's bucket all-reduce
+    (``bucket_handoffs``).
     """
     from . import bandwidth, comm
     links = bandwidth.sweep(rank, world_size, sizes=messages, ops=("send_recv", "all_reduce"))
@@ -62,6 +63,8 @@ def calibration_ranks(rank: int, world_size: int, sizes, batches, steps: int,
     calibration_steps(rank, sizes, batches, steps, between_messages=False)
     comm.barrier(name="calibration")
     calibration_steps(rank, sizes, batches, steps, between_messages=True)
+    comm.barrier(name="calibration")
+    bucket_handoffs(rank, world_size, sizes, steps)
     comm.barrier(name="calibration")
     return {"links": links, "wake": wake, "wake_short": wake_short}
 
@@ -154,6 +157,49 @@ def wake_times(rank: int, repeats: int, sleep_s: float = LONG_BLOCK_S) -> list[f
             comm.recv(buf, 0)
             out.append(time.perf_counter())
     return out
+
+
+def bucket_handoffs(rank: int, world_size: int, sizes, steps: int, batch: int = 64) -> None:
+    """Both ranks train the MLP ``sizes`` under DDP with lab 05's traced hook (one bucket):
+    what a bucket's all-reduce costs its rank beyond the all-reduce itself.
+
+    Each step records "handoff backward" (until the last gradient is ready) and "handoff
+    wait" (from then until ``backward()`` returns), as lab 05 splits them; the hook's
+    all-reduce is a span on the rank's lane. Before it starts, DDP copies the gradients
+    into the bucket and calls the hook; after it ends, the hook divides and copies the
+    result back, DDP hands it to the gradients and the thread waiting in ``backward()``
+    wakes: measured here, 0.07-0.4 ms before and 0.46-0.56 ms after (lab 05's MLP,
+    three launches), which a prediction of the all-reduce alone left out
+    (``course.calibrate``: ``sim.Cluster.handoff_s``).
+    """
+    import time
+
+    import torch
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+
+    from ..recorders import recorder
+    from ..trace import COMPUTE, WAIT
+    from . import training
+    from .data_parallel import traced_hook
+    net = DistributedDataParallel(training.build_model("mlp", sizes=sizes, seed=0))
+    net.register_comm_hook({"lane": world_size + rank, "compress": False}, traced_hook)
+    last = [0.0]                          # when the last gradient was ready
+
+    def ready(_param) -> None:
+        last[0] = time.perf_counter()
+    for p in net.parameters():
+        p.register_post_accumulate_grad_hook(ready)
+    x, y = torch.randn(batch, sizes[0]), torch.randint(0, sizes[-1], (batch,))
+    loss_fn = nn.CrossEntropyLoss()
+    for _ in range(steps):
+        loss = loss_fn(net(x), y)
+        b0 = time.perf_counter()
+        loss.backward()
+        b1 = time.perf_counter()
+        recorder().add("handoff backward", COMPUTE, b0, last[0])
+        recorder().add("handoff wait", WAIT, last[0], b1)
+        net.zero_grad(set_to_none=True)
 
 
 CALIBRATION_MESSAGES = (4096, 65536, 1 << 18, 1 << 20, 4 << 20)
