@@ -66,7 +66,7 @@ def measure_this_machine(sizes=(64, 256, 256, 128, 10), *, batches=(32, 128), fi
         return max(statistics.median(late) - link.time(8), 0.0)
     wake = late_beyond_the_message("wake")
     curve = ((SHORT_BLOCK_S, late_beyond_the_message("wake_short")), (LONG_BLOCK_S, wake))
-    handoff = bucket_handoff(res.timeline, lane=2)
+    handoff = bucket_handoff(res.timeline, lane=2)     # rank 0's lane: world size + rank
     per_pass = [costs.forward_s(i, max(fit)) + costs.backward_s(i, max(fit)) for i in range(len(net))]
     flops = 3 * max(fit) * sum(layer.flops for layer in net.layers) / sum(per_pass)
     cluster = sim.Cluster("this machine (measured)", devices, 8e9, flops, costs.fixed_s, devices,
@@ -83,7 +83,9 @@ def bucket_handoff(timeline, lane: int) -> tuple[float, float]:
     long after its last gradient its bucket's all-reduce started on ``lane``, and how long
     after the all-reduce ended ``backward()`` returned."""
     import statistics
-    reduces = [s for s in timeline if s.rank == lane and s.kind == "comm"
+
+    from ..trace import COMM
+    reduces = [s for s in timeline if s.rank == lane and s.kind == COMM
                and s.name.startswith("bucket all_reduce")]
     before, after = [], []
     for wait in (s for s in timeline if s.rank == 0 and s.name == "handoff wait"):
