@@ -4,7 +4,7 @@ Margins, from runs on the 2-core machine (600 messages of 64 bytes, every rank h
 the same two cores): with two ranks computing beside them, the receiver waited 261-470 ms
 for a core against 73-78 ms of transfer (303 ms against 87 ms with two more busy loops
 running beside the test); two ranks alone waited 12-21 ms. On another day the pair alone
-waited 64-364 ms (eight launches) and the test failed in two of five runs (the least of
+waited 64-364 ms (eight launches) and the test failed in two of four runs (the least of
 three quiet launches 0.12 s against 0.35 s contended); with four ranks computing beside
 them the receiver waited 653-1049 ms against 501-567 ms with two (three launches each,
 that day), so the contended half now runs four. The checks ask for a fraction of those
