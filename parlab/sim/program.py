@@ -293,9 +293,8 @@ def lane_labels(mesh: Mesh, background: bool) -> dict:
 
 
 def run_programs(progs, mesh, steps, notes, background=False) -> PredictedTimeline:
-    return run(progs, lane_labels(mesh, background), steps=steps, notes=notes, wake_s=mesh.wake,
-               cores=mesh.cores, spread=mesh.spread, wake_curve=mesh.wake_curve,
-               handoff=mesh.handoff)
+    return run(progs, lane_labels(mesh, background), steps=steps, notes=notes,
+               **mesh.engine_settings())
 
 
 def costs_for(net, cluster, costs):

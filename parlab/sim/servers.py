@@ -76,7 +76,7 @@ def _ps_sync(workers, steps, slow, fwd, bwd, update, add, t_params, t_grads, pby
             progs[0].append(Send(w, pbytes, t_params, "send params", None, True))
     for w in ws:
         progs[w].append(Recv(0, pbytes, "pull params"))
-    eng = Engine(progs, mesh.wake, mesh.cores, mesh.spread, mesh.wake_curve)
+    eng = Engine(progs, **mesh.engine_settings())
     eng.run()
     return merge_compute(eng.spans)
 

@@ -46,6 +46,11 @@ class Mesh:
         self.spread = (getattr(cluster, "message_spread_s", ()),
                        getattr(cluster, "collective_spread_s", ()))
 
+    def engine_settings(self) -> dict:
+        """What the engine takes from the cluster (``engine.run``, ``engine.Engine``)."""
+        return {"wake_s": self.wake, "cores": self.cores, "spread": self.spread,
+                "wake_curve": self.wake_curve, "handoff": self.handoff}
+
     def rank(self, d: int, s: int, t: int) -> int:
         return (d * self.pp + s) * self.tp + t
 
