@@ -78,9 +78,10 @@ def calibration_steps(rank: int, sizes, batches, steps: int, between_messages: b
 
     The batch sizes take turns, one step each (32, 64, 128, then the tiny network's
     step, 32, ...), rather than ``steps`` of one size and then the next: this machine's
-    cores change speed over seconds, and the fit draws a line through the sizes. Measured here, twenty runs
-    each: a line through batches 32 and 128 run one size after the other predicted
-    batch 64 at 0.83-1.45 of its measured time; with the sizes taking turns, 1.00-1.11.
+    cores change speed over seconds, and the fit draws a line through the sizes.
+    Measured here, twenty runs each: a line through batches 32 and 128 run one size
+    after the other predicted batch 64 at 0.83-1.45 of its measured time; with the sizes
+    taking turns, 1.00-1.11.
 
     between_messages: before each phase rank 0 sends rank 1 a small message and blocks
     until it answers. A rank that has just blocked computes slower than one running
