@@ -56,6 +56,12 @@ def measure(quick: bool = False) -> dict:
 
     Many steps per configuration: one step varies 2-4x on this machine, and the median
     of 10 steps moved by 2x between runs where the median of 60 moved by about 10 %.
+
+    Each configuration runs as its lab runs it: labs 03, 04 and 07 pin each rank to cores
+    of its own (``pin_cores=True``), labs 02, 05 and 06 leave the ranks free. Measured
+    unpinned, as labs 03 and 04 are not, the four 2-rank rows of those labs came out
+    0.86-1.35 of the prediction (medians of four rounds, 0.70-1.71 a round); pinned, in the
+    same rounds, 0.98-1.07 (0.70-1.24 a round).
     """
     import numpy as np
 
@@ -100,7 +106,7 @@ def measure(quick: bool = False) -> dict:
 
     for scheme in ("naive", "column_row"):
         calibrate(f"lab03 {scheme}")
-        res = launch(tp.train_sliced, 2, args=(SIM_SIZES, scheme, 64, steps))
+        res = launch(tp.train_sliced, 2, args=(SIM_SIZES, scheme, 64, steps), pin_cores=True)
         m = warm_shares(as_the_model_counts(res.timeline), "forward", skip=2)
         out[f"lab03 {scheme}"] = {"step": step_seconds(res.timeline, "forward", skip=0),
                                   "comm": m["comm"] + m["idle"],
@@ -111,7 +117,7 @@ def measure(quick: bool = False) -> dict:
     out["lab04 bounds"] = linear_bounds(pl.stage_bounds(cfg, 2))
     for schedule in ("gpipe", "1f1b"):
         calibrate(f"lab04 {schedule}")
-        res = run_pipeline(cfg, 2, 4, schedule)
+        res = run_pipeline(cfg, 2, 4, schedule, pin_cores=True)
         out[f"lab04 {schedule}"] = {"step": step_seconds(res.timeline, "F0", skip=0),
                                     "bubble": pl.measured_bubble(res.timeline, 2, 4),
                                     "core_wait": core_wait_share(res.timeline, "F0")}
@@ -137,7 +143,7 @@ def measure(quick: bool = False) -> dict:
                                 "core_wait": res.timeline.summary().mean("core_wait")}
 
     calibrate("lab07")
-    survey = survey_hybrid(steps=10 if quick else 30)
+    survey = survey_hybrid(steps=10 if quick else 30, pin_cores=True)
     out["lab07"] = [{"shape": row["shape"], "label": row["label"], "step": row["measured_s"],
                      "core_wait": row["core_wait"]} for row in survey["rows"]]
     calibrate(AFTER_THE_LAST)        # each configuration has a calibration on either side
