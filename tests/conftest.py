@@ -1,3 +1,5 @@
+import signal
+
 import matplotlib
 import psutil
 import pytest
@@ -6,6 +8,12 @@ import pytest
 # the kernels nbval starts inherit the environment, and must draw the labs' inline figures
 # (the browser test shows them: see ../conftest.py).
 matplotlib.use("Agg")
+
+# The tests that press Ctrl-C need it delivered. A shell ignores SIGINT in a command it
+# runs in the background (`make test &`), Python keeps an inherited "ignore", and so do
+# the scripts the tests start: the launcher's interrupt tests would then hang or fail.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def rank_processes():

@@ -96,6 +96,9 @@ def test_this_machine_is_calibrated_back_to_back_and_between_messages(no_leftove
     # DDP's bucket all-reduce (lab 05's hook on this MLP): its rank's time around it
     before, after = cluster.handoff_s
     assert 0 <= before < 0.05 and 0 < after < 0.05
+    # and what DDP's wrapper adds to a step's passes (its forward and gradient hooks)
+    forward, backward = cluster.ddp_wrapper_s
+    assert 0 <= forward < 0.05 and 0 <= backward < 0.05
     # one stray per measured message: what it took beyond the link's price
     sends = [r for r in here["links"] if r["op"] == "send_recv"]
     assert len(cluster.message_spread_s) == sum(r["repeats"] for r in sends)
@@ -104,14 +107,18 @@ def test_this_machine_is_calibrated_back_to_back_and_between_messages(no_leftove
                                                         - cluster.intra.time(first["bytes"]))
     assert len(cluster.collective_spread_s) == sum(r["repeats"] for r in here["links"]
                                                    if r["op"] == "all_reduce")
-    for key in ("timelines", "timelines_between_messages"):
+    # four steps of each size: on rank 0 back to back, on both ranks between messages
+    for key, ranks in (("timelines", 1), ("timelines_between_messages", 2)):
         assert set(here[key]) == {8, 32}
-        assert all(len([s for s in tl if s.name == "forward"]) == 4 for tl in here[key].values())
+        assert all(len([s for s in tl if s.name == "forward"]) == 4 * ranks
+                   for tl in here[key].values())
         # the sizes take turns, so that a drift of the cores' speed meets every size alike
-        starts = {b: [s.start for s in tl if s.name == "forward"] for b, tl in here[key].items()}
-        assert starts[8][0] < starts[32][0] < starts[8][1] < starts[32][1]
-        assert all(s.name == ("forward", "backward", "update")[i % 3]
-                   for tl in here[key].values() for i, s in enumerate(tl))
+        # (between messages, both ranks' steps of one size come before either's next)
+        forwards = sorted((s.start, b) for b, tl in here[key].items() for s in tl
+                          if s.name == "forward")
+        assert [b for _, b in forwards] == ([8] * ranks + [32] * ranks) * 4
+        assert all(sorted(s.name for s in tl) == sorted(("forward", "backward", "update") * 4
+                                                        * ranks) for tl in here[key].values())
 
 
 def test_the_sim_benchmark_reports_the_median_over_rounds_against_each_target():

@@ -521,10 +521,48 @@ def test_oversubscribed_cores_make_every_wake_up_and_ring_step_dearer():
     assert step(4, wake_latency_s=1e-3) == pytest.approx(step(4) + 2e-3 + 6e-3)
     # 2 ranks on 2 cores are not oversubscribed: the one wake-up of the rendezvous only
     assert step(2, wake_latency_s=1e-3) == pytest.approx(step(2) + 1e-3)
-    # DDP's communication thread counts: 2 ranks + 2 lanes on 2 cores are oversubscribed
-    ddp = lambda **kw: sim.data_parallel(net, _free_cluster(cores=2, **kw), 128,  # noqa: E731
-                                         devices=2, overlap=True, costs=costs).step_s
-    assert ddp(wake_latency_s=1e-3) == pytest.approx(ddp() + 2e-3 + 2e-3)
+    # DDP's communication thread counts where it runs beside its rank's compute: with
+    # two buckets, 2 ranks + 2 lanes on 2 cores are oversubscribed; with one, posted after
+    # the last backward pass, the lane runs only while its rank waits for it: one wake-up
+    ddp = lambda buckets, **kw: sim.data_parallel(  # noqa: E731
+        net, _free_cluster(cores=2, **kw), 128, devices=2, buckets=buckets, overlap=True,
+        costs=costs).step_s
+    assert ddp(1, wake_latency_s=1e-3) == pytest.approx(ddp(1) + 1e-3)
+    # two: the last bucket's rendezvous queues (2 x 1 ms) and its 2 ring steps pay 1 ms each
+    assert ddp(2, wake_latency_s=1e-3) == pytest.approx(ddp(2) + 2e-3 + 2e-3)
+
+
+def test_a_lane_counts_as_a_thread_only_where_it_runs_beside_its_rank_s_compute():
+    from parlab.sim.engine import Collective, Compute, Join, lane_runs_beside_compute
+    bucket = Collective((0, 1), 100, 1e-3, background=True)
+    assert not lane_runs_beside_compute([Compute("backward", 1e-3), bucket, Join(),
+                                         Compute("update", 1e-3)])
+    assert lane_runs_beside_compute([Compute("backward", 1e-3), bucket,
+                                     Compute("backward", 1e-3), bucket, Join()])
+    # a join that leaves the last one running: the lane runs beside what follows
+    assert lane_runs_beside_compute([bucket, Join(leave=1), Compute("forward", 1e-3)])
+    assert not lane_runs_beside_compute([Compute("forward", 1e-3), Join()])
+
+
+def test_ddp_s_wrapper_adds_its_measured_cost_to_the_step_s_first_passes():
+    """``ddp_wrapper_s`` (forward, backward): DDP's hooks, measured, on each step's
+    forward and backward spans; only where the gradients go in overlapped buckets (DDP),
+    not after the backward (lab 05 by hand) nor on one device."""
+    net, costs = _even(4)
+
+    def run(overlap=True, devices=2, **kw):
+        return sim.data_parallel(net, _free_cluster(**kw), 64 * devices, devices=devices,
+                                 overlap=overlap, steps=2, costs=costs)
+    plain, wrapped = run(), run(ddp_wrapper_s=(2e-4, 3e-4))
+    for phase, extra in (("forward", 2e-4), ("backward", 3e-4)):
+        before = [s.duration for s in plain if s.rank == 0 and s.name == phase]
+        after = [s.duration for s in wrapped if s.rank == 0 and s.name == phase]
+        assert len(after) == len(before) == 2          # one span a step, the cost inside it
+        assert after == pytest.approx([t + extra for t in before])
+    assert wrapped.step_s == pytest.approx(plain.step_s + 5e-4)
+    assert run(False, ddp_wrapper_s=(2e-4, 3e-4)).step_s == pytest.approx(run(False).step_s)
+    with pytest.raises(ValueError, match="ddp_wrapper_s"):
+        _free_cluster(ddp_wrapper_s=(1e-4, -1.0))
 
 
 def test_collectives_back_to_back_pay_no_rendezvous_wake_up_where_the_ranks_fit_the_cores():

@@ -363,11 +363,13 @@ def _calibration_line(k: int, measured: dict) -> str:
     bucket = (f", a DDP bucket's all-reduce starts {c.handoff_s[0] * 1e3:.2f} ms after its "
               f"last gradient and its rank resumes {c.handoff_s[1] * 1e3:.2f} ms after it"
               if c.handoff_s else "")
+    wrapper = (f", DDP's wrapper adds {c.ddp_wrapper_s[0] * 1e3:.2f} ms to a forward and "
+               f"{c.ddp_wrapper_s[1] * 1e3:.2f} ms to a backward" if c.ddp_wrapper_s else "")
     return (f"round {k + 1}: calibrated before each configuration, the first (fixed part "
             f"{costs.fixed_s * 1e6:.0f} us per layer pass, each pass's call {calls} us "
             f"(forward/backward/update, between messages), link {c.intra}, collective "
             f"overhead {c.collective_overhead_s * 1e3:.2f} ms, a rank blocked 20 ms resumes "
-            f"{c.wake_latency_s * 1e3:.2f} ms late{short}{bucket}{slow}); "
+            f"{c.wake_latency_s * 1e3:.2f} ms late{short}{bucket}{wrapper}{slow}); "
             f"{os.cpu_count()} cores, load average {measured['load']}")
 
 

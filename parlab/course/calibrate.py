@@ -18,15 +18,17 @@ def measure_this_machine(sizes=(64, 256, 256, 128, 10), *, batches=(32, 128), fi
     ``sizes`` at each batch size, back to back and between messages, with what a pass's call
     costs whatever its layers (``Measured.call_s``, timed on a one-layer network), and what
     a DDP bucket's all-reduce costs its rank before it starts and after it ends
-    (``handoff_s``). Returns {"cluster": a ``sim.Cluster`` of ``devices`` simulated devices
+    (``handoff_s``), and what DDP's wrapper adds to a step's passes (``ddp_wrapper_s``).
+    Returns {"cluster": a ``sim.Cluster`` of ``devices`` simulated devices
     sharing this machine's cores, with the measured link and collective overhead
     (``sim.measured_link``: medians) and how far each measured message strayed from them
     (``sim.calibrate.spread_from_records``), "costs": ``sim.Measured`` per-layer costs of
     the step run back to back (lab 01), "costs_between_messages": the same timed as a rank
     of a distributed step computes, after a blocking message (use these for two ranks or
-    more), both fitted on ``fit_batches`` (default: all ``batches``), "timelines": {batch:
-    the measured single-device steps, back to back}, "timelines_between_messages" (the same,
-    between messages), "links": the sweep's records}.
+    more: timed on both ranks, pooled), both fitted on ``fit_batches`` (default: all
+    ``batches``), "timelines": {batch: the measured single-device steps, back to back},
+    "timelines_between_messages" (the same, between messages, both ranks' spans as rank
+    0's), "links": the sweep's records}.
     """
     import os
     import statistics
@@ -38,16 +40,24 @@ def measure_this_machine(sizes=(64, 256, 256, 128, 10), *, batches=(32, 128), fi
     res = launch(calibration_ranks, 2, args=(tuple(sizes), batches, steps, tuple(messages)),
                  timeout=timeout)
     names = ("forward", "backward", "update")
-    phases = [s for s in res.timeline if s.rank == 0 and s.name in names]
+    phases = {r: [s for s in res.timeline if s.rank == r and s.name in names] for r in (0, 1)}
     per_run = 3 * steps * len(batches)
-    # three phases a step, the batch sizes taking turns step by step (calibration_steps)
-    timelines, woken = ({b: Timeline([s for i, s in enumerate(run) if i // 3 % len(batches) == k])
-                         for k, b in enumerate(batches)}
-                        for run in (phases[:per_run], phases[per_run:]))
+
+    def by_batch(*runs) -> dict:
+        """{batch: Timeline}: three phases a step, the batch sizes taking turns step by
+        step (calibration_steps); each run's spans in turn (rank 0's, then rank 1's,
+        counted as rank 0's: pooled)."""
+        return {b: Timeline([replace(s, rank=0) for run in runs
+                             for i, s in enumerate(run) if i // 3 % len(batches) == k])
+                for k, b in enumerate(batches)}
+    # back to back: rank 0 alone; between messages: both ranks computed (calibration_steps)
+    timelines = by_batch(phases[0][:per_run])
+    woken = by_batch(phases[0][per_run:], phases[1])
     # the tiny network's passes, "call forward" ...: what each call costs (Measured.call_s)
-    calls = [replace(s, name=s.name[len("call "):]) for s in res.timeline
-             if s.rank == 0 and s.name in {"call " + n for n in names}]
-    calls_alone, calls_woken = Timeline(calls[:3 * steps]), Timeline(calls[3 * steps:])
+    calls = {r: [replace(s, rank=0, name=s.name[len("call "):]) for s in res.timeline
+                 if s.rank == r and s.name in {"call " + n for n in names}] for r in (0, 1)}
+    calls_alone = Timeline(calls[0][:3 * steps])
+    calls_woken = Timeline(calls[0][3 * steps:] + calls[1])
     net = sim.Network.mlp(sizes)
     fit = tuple(fit_batches or batches)
     costs = sim.Measured.from_timeline({b: timelines[b] for b in fit}, net, skip=2,
@@ -67,11 +77,12 @@ def measure_this_machine(sizes=(64, 256, 256, 128, 10), *, batches=(32, 128), fi
     wake = late_beyond_the_message("wake")
     curve = ((SHORT_BLOCK_S, late_beyond_the_message("wake_short")), (LONG_BLOCK_S, wake))
     handoff = bucket_handoff(res.timeline, lane=2)     # rank 0's lane: world size + rank
+    wrapper = ddp_wrapper(res.timeline)
     per_pass = [costs.forward_s(i, max(fit)) + costs.backward_s(i, max(fit)) for i in range(len(net))]
     flops = 3 * max(fit) * sum(layer.flops for layer in net.layers) / sum(per_pass)
     cluster = sim.Cluster("this machine (measured)", devices, 8e9, flops, costs.fixed_s, devices,
                           link, link, overhead, wake_latency_s=wake, wake_curve=curve,
-                          handoff_s=handoff,
+                          handoff_s=handoff, ddp_wrapper_s=wrapper,
                           cores=os.cpu_count() or 1,
                           message_spread_s=p2p_spread, collective_spread_s=collective_spread)
     return {"cluster": cluster, "costs": costs, "costs_between_messages": between,
@@ -97,3 +108,22 @@ def bucket_handoff(timeline, lane: int) -> tuple[float, float]:
         raise RuntimeError("the calibration's DDP steps left no bucket all-reduce inside "
                            "their wait: nothing to measure the hand-off from")
     return statistics.median(before), statistics.median(after)
+
+
+def ddp_wrapper(timeline) -> tuple[float, float]:
+    """(forward, backward): what DDP's wrapper adds to a step's forward and backward
+    passes, from ``bucket_handoffs``' steps on both ranks: the median DDP forward less the
+    median plain forward of the same MLP, taking turns with it; the median backward until
+    the last gradient is ready ("handoff backward": DDP's hooks mark each gradient ready
+    and copy it into its bucket) less the median plain backward. Never below nothing: a
+    cost the noise hides is none."""
+    import statistics
+
+    def median(name: str) -> float:
+        times = [s.duration for s in timeline if s.rank in (0, 1) and s.name == name]
+        if not times:
+            raise RuntimeError(f"the calibration's DDP steps left no {name!r} spans: nothing "
+                               "to measure DDP's wrapper from")
+        return statistics.median(times)
+    return (max(median("ddp forward") - median("plain forward"), 0.0),
+            max(median("handoff backward") - median("plain backward"), 0.0))

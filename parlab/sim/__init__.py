@@ -56,18 +56,20 @@ Inputs
 Shared cores (this machine): a rank woken by a message resumes late, the later the
 longer it blocked (``Cluster.wake_curve``, measured after a short block and a 20 ms
 one; ``wake_latency_s``, the 20 ms figure, where no curve is given); with more runnable
-threads than ``cores`` (ranks, plus DDP's communication thread) it waits that × threads
-/ cores for a core, and every step of a ring collective (2(n - 1) of them, each a
-blocking receive in gloo) pays one more wake-up (``engine.oversubscription``,
-``engine.ring_wakeups_s``): why a message costs far more among computing ranks than an
-idle ping-pong sweep measures. A message needs cores too (gloo moves it on a thread at
-each end): one that starts while ranks compute shares the cores with them. DDP's bucket
-all-reduce starts a little after its last gradient and reaches its rank a little after
-it ends (``Cluster.handoff_s``, measured on lab 05's hook). And a
-measured machine's messages stray from their price (``Cluster.message_spread_s``,
-``collective_spread_s``, from ``measure_this_machine``'s sweep): the engine adds one
-measured stray, drawn at random, to every message, so the median of many predicted
-steps reads as the median of many measured ones.
+threads than ``cores`` (ranks, plus DDP's communication thread where it runs beside its
+rank's compute) it waits that × threads / cores for a core, and every step of a ring
+collective (2(n - 1) of them, each a blocking receive in gloo) pays one more wake-up
+(``engine.oversubscription``, ``engine.ring_wakeups_s``): why a message costs far more
+among computing ranks than an idle ping-pong sweep measures. A message needs cores too
+(gloo moves it on a thread at each end): one that starts while ranks compute shares the
+cores with them. DDP's bucket all-reduce starts a little after its last gradient and
+reaches its rank a little after it ends (``Cluster.handoff_s``, measured on lab 05's
+hook), and DDP's wrapper adds its hooks to each step's forward and backward
+(``Cluster.ddp_wrapper_s``, measured). And a measured machine's messages stray from
+their price (``Cluster.message_spread_s``, ``collective_spread_s``, from
+``measure_this_machine``'s sweep): the engine adds one measured stray, drawn at random,
+to every message, so the median of many predicted steps reads as the median of many
+measured ones.
 
 Predicted timelines: ``PredictedTimeline``, a ``parlab.trace.Timeline`` with
 ``predicted = True``, ``title``, ``step_s`` and ``notes``; the measured runs' span names

@@ -71,6 +71,12 @@ class Cluster:
     # reaches the waiting rank this long after it ends (copied back, the thread woken);
     # empty: neither (sim.engine)
     handoff_s: tuple = ()
+    # measured (forward, backward): what a data-parallel wrapper (DDP) adds to a step's
+    # passes beyond the model's own work: its forward hooks (the reducer's preparation)
+    # and its gradient hooks (each gradient marked ready, copied into its bucket); paid by
+    # data parallelism with overlapped buckets (sim.program). Empty: nothing (the presets:
+    # beside their models' passes it is lost)
+    ddp_wrapper_s: tuple = ()
     cores: int = 0                  # processors the devices share (0: each its own, GPUs)
     matrix: MatrixUnit | None = None    # prices matrix products by shape (sim.gemm); None:
                                         # flops for all of them
@@ -104,11 +110,13 @@ class Cluster:
                 for p in self.wake_curve):
             raise ValueError(f"{owner}: wake_curve must be a tuple of (seconds blocked, seconds "
                              f"late) pairs, both >= 0, got {self.wake_curve!r}")
-        handoff = self.handoff_s
-        if not isinstance(handoff, tuple) or len(handoff) not in (0, 2) or not all(
-                isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in handoff):
-            raise ValueError(f"{owner}: handoff_s must be () or (seconds before, seconds "
-                             f"after), both >= 0, got {self.handoff_s!r}")
+        for name, pair in (("handoff_s", "seconds before, seconds after"),
+                           ("ddp_wrapper_s", "forward seconds, backward seconds")):
+            value = getattr(self, name)
+            if not isinstance(value, tuple) or len(value) not in (0, 2) or not all(
+                    isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in value):
+                raise ValueError(f"{owner}: {name} must be () or ({pair}), both >= 0, "
+                                 f"got {value!r}")
         for name in ("message_spread_s", "collective_spread_s"):
             spread = getattr(self, name)
             if not isinstance(spread, tuple) or not all(

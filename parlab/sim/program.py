@@ -94,7 +94,7 @@ def programs(net, cluster, costs, batch, *, dp=1, tp=1, pp=1, micro_batches=1,
                         for part in parts:
                             part.sharder = Sharder(net, mesh, mesh.dp_group(s, t), part.layers,
                                                    _shard_params(part), overlap)
-                    backs = 0
+                    backs, begun = 0, len(progs[r])
                     for kind, i, c in ops_of[s]:
                         progs[r] += pipeline_op(kind, i, c, s, parts[c], mesh, d, t, pp, chunks,
                                                  mb, named, blocking, schedule)
@@ -105,7 +105,26 @@ def programs(net, cluster, costs, batch, *, dp=1, tp=1, pp=1, micro_batches=1,
                     if not stream:
                         progs[r] += _exchange_and_update(net, parts, mesh, s, t, buckets,
                                                          overlap, progs[r], zero, costs, dp)
+                        if dp > 1 and overlap and zero != 3:
+                            add_ddp_wrapper(progs[r], begun, cluster)
     return progs, mesh
+
+
+def add_ddp_wrapper(prog: list, begun: int, cluster) -> None:
+    """What DDP's wrapper adds to a step (``Cluster.ddp_wrapper_s``, measured): its
+    forward hooks before the step's first forward pass, its gradient hooks with the first
+    backward pass (one compute of the pass's name just before it: the span of that pass
+    encloses it, as the measured one does). ``begun``: where the step starts in ``prog``."""
+    wrapper = getattr(cluster, "ddp_wrapper_s", ()) or ()
+    if not wrapper:
+        return
+    for kind, seconds in zip("FB", wrapper):
+        full = "forward" if kind == "F" else "backward"
+        at = next((k for k in range(begun, len(prog)) if isinstance(prog[k], Compute)
+                   and (prog[k].name == full or prog[k].name[:1] == kind
+                        and prog[k].name[1:].isdigit())), None)
+        if at is not None and seconds > 0:
+            prog.insert(at, Compute(prog[at].name, seconds))
 
 
 def _exchange_and_update(net, parts, mesh, s, t, buckets, overlap, prog, zero, costs, dp) -> list:

@@ -43,7 +43,7 @@ def network_of(model, sample_shape, *, name: str | None = None):
 
 def calibration_ranks(rank: int, world_size: int, sizes, batches, steps: int,
                        messages) -> dict:
-    """Rank function: lab 00's link sweep on two ranks, then lab 01's traced step on rank 0.
+    """Rank function: lab 00's link sweep on two ranks, then lab 01's traced step.
 
     The sweep (``bandwidth.sweep``: half a ping-pong, and two-rank all-reduces) comes
     first, then how late a receiver that blocked resumes, after 20 ms ("wake") and after
@@ -51,9 +51,9 @@ def calibration_ranks(rank: int, world_size: int, sizes, batches, steps: int,
     each batch size, the sizes taking turns ("forward", "backward", "update" spans), and
     a network of one tiny layer after each turn ("call forward", ...: what a pass costs
     with next to no layer), twice: back to back, as lab 01 runs, and with a small
-    message to and from rank 1 before every phase, as a rank of a distributed step runs
-    (``calibration_steps``). Last, both ranks run DDP's bucket all-reduce
-    (``bucket_handoffs``).
+    message to and from rank 1 before every phase, rank 1 training too, as the ranks of
+    a distributed step run (``calibration_steps``). Last, both ranks run DDP's bucket
+    all-reduce (``bucket_handoffs``).
     """
     from . import bandwidth, comm
     links = bandwidth.sweep(rank, world_size, sizes=messages, ops=("send_recv", "all_reduce"))
@@ -74,7 +74,7 @@ LONG_BLOCK_S = 0.02      # a long one: the wake-up collectives pay (wake_latency
 
 
 def calibration_steps(rank: int, sizes, batches, steps: int, between_messages: bool) -> None:
-    """Rank 0 trains the MLP (lr 0), each phase traced; rank 1 only answers messages.
+    """Rank 0 trains the MLP (lr 0), each phase traced; between messages, rank 1 too.
 
     The batch sizes take turns, one step each (32, 64, 128, then the tiny network's
     step, 32, ...), rather than ``steps`` of one size and then the next: this machine's
@@ -88,6 +88,12 @@ def calibration_steps(rank: int, sizes, batches, steps: int, between_messages: b
     back to back: measured here, 1.3-1.7x for this MLP at batch 64 (its caches went
     cold while it slept, and on a virtual machine its processor was halted); every rank
     of a distributed step blocks between its phases, so its compute is timed this way.
+    And both ranks compute, each phase after the exchange, as the ranks of a distributed
+    step do; both are timed. The one that answers (receives, sends, then computes while
+    its message may still be leaving) computed slower than the one that waited for the
+    answer: measured here, rank 1's forward at 1.1-1.5x rank 0's unpinned (six launches),
+    1.0-1.1x pinned (four), while rank 0 computed as fast as with rank 1 idle. A
+    distributed step's ranks take both roles, so its compute is timed on both.
     """
     import torch
     from torch import nn
@@ -120,10 +126,6 @@ def calibration_steps(rank: int, sizes, batches, steps: int, between_messages: b
         for b, net, optimizer, prefix in runs:
             x, y = data[b]
             message()
-            if rank != 0:
-                message()
-                message()
-                continue
             with span(prefix + "forward"):
                 optimizer.zero_grad()
                 loss = loss_fn(net(x), y)
@@ -172,6 +174,13 @@ def bucket_handoffs(rank: int, world_size: int, sizes, steps: int, batch: int = 
     wakes: measured here, 0.07-0.4 ms before and 0.46-0.56 ms after (lab 05's MLP,
     three launches), which a prediction of the all-reduce alone left out
     (``course.calibrate``: ``sim.Cluster.handoff_s``).
+
+    Each step also runs the same MLP unwrapped ("plain forward", "plain backward") and
+    times DDP's forward ("ddp forward"): what DDP's wrapper adds to a step's passes beyond
+    the model's own work (``course.calibrate.ddp_wrapper``: ``sim.Cluster.ddp_wrapper_s``).
+    Measured here, in one process: 0.16-0.20 ms on a forward of 0.26 ms, 0.25-0.33 ms on a
+    backward of 0.38 ms (with its all-reduce, of one rank; here, the backward is timed to
+    its last gradient), the plain and the wrapped step taking turns.
     """
     import time
 
@@ -180,9 +189,10 @@ def bucket_handoffs(rank: int, world_size: int, sizes, steps: int, batch: int = 
     from torch.nn.parallel import DistributedDataParallel
 
     from ..recorders import recorder
-    from ..trace import COMPUTE, WAIT
+    from ..trace import COMPUTE, WAIT, span
     from . import training
     from .data_parallel import traced_hook
+    plain = training.build_model("mlp", sizes=sizes, seed=0)
     net = DistributedDataParallel(training.build_model("mlp", sizes=sizes, seed=0))
     net.register_comm_hook({"lane": world_size + rank, "compress": False}, traced_hook)
     last = [0.0]                          # when the last gradient was ready
@@ -194,7 +204,13 @@ def bucket_handoffs(rank: int, world_size: int, sizes, steps: int, batch: int = 
     x, y = torch.randn(batch, sizes[0]), torch.randint(0, sizes[-1], (batch,))
     loss_fn = nn.CrossEntropyLoss()
     for _ in range(steps):
-        loss = loss_fn(net(x), y)
+        with span("plain forward"):
+            loss = loss_fn(plain(x), y)
+        with span("plain backward"):
+            loss.backward()
+        plain.zero_grad(set_to_none=True)
+        with span("ddp forward"):
+            loss = loss_fn(net(x), y)
         b0 = time.perf_counter()
         loss.backward()
         b1 = time.perf_counter()
