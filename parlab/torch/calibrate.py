@@ -91,8 +91,8 @@ def calibration_steps(rank: int, sizes, batches, steps: int, between_messages: b
     And both ranks compute, each phase after the exchange, as the ranks of a distributed
     step do; both are timed. The one that answers (receives, sends, then computes while
     its message may still be leaving) computed slower than the one that waited for the
-    answer: measured here, rank 1's forward at 1.1-1.5x rank 0's unpinned (six launches),
-    1.0-1.1x pinned (four), while rank 0 computed as fast as with rank 1 idle. A
+    answer: measured here, rank 1's forward at 1.2-1.5x rank 0's unpinned (six launches),
+    1.0-1.2x pinned (four), while rank 0 computed as fast as with rank 1 idle. A
     distributed step's ranks take both roles, so its compute is timed on both.
     """
     import torch
