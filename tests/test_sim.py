@@ -561,6 +561,8 @@ def test_ddp_s_wrapper_adds_its_measured_cost_to_the_step_s_first_passes():
         assert after == pytest.approx([t + extra for t in before])
     assert wrapped.step_s == pytest.approx(plain.step_s + 5e-4)
     assert run(False, ddp_wrapper_s=(2e-4, 3e-4)).step_s == pytest.approx(run(False).step_s)
+    assert run(devices=1, ddp_wrapper_s=(2e-4, 3e-4)).step_s == pytest.approx(
+        run(devices=1).step_s)
     with pytest.raises(ValueError, match="ddp_wrapper_s"):
         _free_cluster(ddp_wrapper_s=(1e-4, -1.0))
 
