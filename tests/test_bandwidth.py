@@ -169,6 +169,16 @@ def test_each_configuration_is_predicted_from_the_calibrations_on_either_side():
     assert bench_sim.calibrations_around(measured, "lab03 naive") == [runs["lab03 naive"]]
 
 
+def test_a_run_predicts_from_all_its_calibrations_once():
+    from parlab.bench import sim as bench_sim
+    first, other = {"cluster": "first"}, {"cluster": "kept"}
+    one = {"calibration": first, "calibrations": {"lab02": first, "lab03 naive": {"cluster": "b"},
+                                                  bench_sim.AFTER_THE_LAST: {"cluster": "z"}}}
+    kept = {"calibration": other}       # a round measured before per-configuration ones
+    assert [c["cluster"] for c in bench_sim.calibrations_of_run([one, kept])] == [
+        "first", "b", "z", "kept"]
+
+
 def test_shares_against_the_model_count_a_messages_core_wait_as_waiting():
     # the model charges a woken rank's wait for a core to the message (its wake-up);
     # a compute span's own core wait stays a core wait

@@ -632,6 +632,25 @@ def test_messages_take_a_measured_stray_drawn_once_each_and_repeatably():
     assert sorted(_comm_s(run(progs))) == [pytest.approx(1e-3)] * 40 + [pytest.approx(2e-3)] * 40
 
 
+def test_a_one_pass_collective_meets_the_all_reduces_strays_half_as_often():
+    """The strays are measured on 2-rank all-reduces (two passes round the ring); an
+    all-gather or a reduce-scatter (one pass) takes one with probability 1/2, else its
+    price; an all-reduce takes one every time."""
+    from parlab.sim.engine import Collective, run
+    gather, reduce = Collective((0, 1), 100, 1e-3, "all-gather"), Collective((0, 1), 100, 1e-3)
+    assert (gather.passes, reduce.passes) == (1, 2)
+    assert Collective((0, 1), 100, 1e-3, "reduce-scatter grads").passes == 1
+    progs = [[gather, reduce] * 200] * 2
+    tl = run(progs, spread=((), (4e-3,)))
+    def strayed(name):
+        return [s.duration > 2e-3 for s in tl.spans if s.kind == "comm" and s.rank == 0
+                and s.name == name]
+    assert all(strayed("all-reduce")) and len(strayed("all-reduce")) == 200
+    assert 70 <= sum(strayed("all-gather")) <= 130          # binomial(200, 1/2): 5 sd
+    assert [s.duration for s in tl.spans] == [s.duration for s in run(progs, spread=(
+        (), (4e-3,))).spans]                                   # seeded: the same again
+
+
 def test_the_strays_of_a_sweep_are_each_message_less_its_price():
     from parlab.sim import calibrate
     link = sim.Link(1e-4, 1e9)
