@@ -20,6 +20,20 @@ from .trace import COMPUTE, Span, Timeline
 Op = tuple[str, int]
 
 
+def pass_of(name: str) -> Op | None:
+    """The operation a span named after a pipeline pass ran: ``("F", 3)`` for "F3",
+    ``("B", 0)`` for "B0"; None for any other name ("forward", "F", "recv")."""
+    if name[:1] in ("F", "B") and name[1:].isdigit():
+        return name[:1], int(name[1:])
+    return None
+
+
+def pass_kind(name: str) -> str | None:
+    """"F" or "B" for a span named after a pipeline pass ("F3", "B0"), else None."""
+    op = pass_of(name)
+    return op[0] if op else None
+
+
 def gpipe(stages: int, micro_batches: int) -> list[list[Op]]:
     _check_sizes(stages, micro_batches)
     one = [("F", i) for i in range(micro_batches)] + [("B", i) for i in range(micro_batches)]

@@ -175,3 +175,10 @@ def test_the_cost_models_stages_hold_the_executors_layers(p):
     for a, b, x, y in zip([0, *bounds], [*bounds, len(costs)], [0, *cut], [*cut, len(net)]):
         assert sum(costs[a:b]) == sum(layer.params for layer in net.layers[x:y])
     assert lab04.linear_bounds([7, 8]) == [4, 4]
+
+
+def test_a_pass_is_read_from_its_span_name():
+    from parlab.pipeline import pass_kind, pass_of
+    assert pass_of("F3") == ("F", 3) and pass_of("B12") == ("B", 12)
+    assert [pass_of(n) for n in ("forward", "F", "Fx", "recv", "B-1", "")] == [None] * 6
+    assert (pass_kind("B0"), pass_kind("backward")) == ("B", None)

@@ -323,7 +323,7 @@ def pipeline_bubble_bench(quick: bool = False) -> list[str]:
 
     from parlab.course.lab04 import PIPE, run_pipeline
     from parlab.metrics import pipeline_bubble
-    from parlab.pipeline import bubble_share, one_f_one_b, simulate
+    from parlab.pipeline import bubble_share, one_f_one_b, pass_kind, simulate
     from parlab.torch import pipeline as pl
 
     # lab 04's model (16 layers of width 384, 840 samples per batch): enough work per
@@ -345,7 +345,7 @@ def pipeline_bubble_bench(quick: bool = False) -> list[str]:
         shares = pl.step_shares(out.timeline, 2, m)
         as_kinds = sum(s["wait"] + s["idle"] for s in shares.values()) / len(shares)
         fb = {(k, r): float(np.median([s.duration for s in out.timeline if s.rank == r
-                                       and s.name[:1] == k and s.name[1:].isdigit()]))
+                                       and pass_kind(s.name) == k]))
               for k in "FB" for r in (0, 1)}
         predicted = bubble_share(simulate(one_f_one_b(2, m), 2, m, [fb["F", r] for r in (0, 1)],
                                           [fb["B", r] for r in (0, 1)]))

@@ -244,12 +244,12 @@ def _ops_of_step(window, stages: int, micro_batches: int) -> dict:
     """{"F": per stage, one time per micro-batch; "B": likewise} of one measured step: each
     F i or B i with the core wait carved out of it (``F3 (core wait)``), the time it held
     its stage, which is what the stage behind or before it waited for."""
+    from ..pipeline import pass_of
     ops = {k: [[0.0] * micro_batches for _ in range(stages)] for k in "FB"}
     for s in window:
-        name = s.name.split(" (")[0]
-        if s.rank < stages and name[:1] in ops and name[1:].isdigit() \
-                and int(name[1:]) < micro_batches:
-            ops[name[:1]][s.rank][int(name[1:])] += s.duration
+        op = pass_of(s.name.split(" (")[0])
+        if s.rank < stages and op and op[1] < micro_batches:
+            ops[op[0]][s.rank][op[1]] += s.duration
     return ops
 
 
@@ -266,6 +266,7 @@ def bubble_numbers(pipes: dict, stages: int = 2, schedule: str = "1f1b") -> dict
     waits and transfers 1-2 % each: micro-batches that are not equally fast leave the
     stage behind waiting for the slowest, which medians smooth away."""
     from .. import pipeline
+    from ..pipeline import pass_kind
     from ..torch.pipeline import step_windows
     by_m = {}
     for m, res in pipes.items():
@@ -284,8 +285,8 @@ def bubble_numbers(pipes: dict, stages: int = 2, schedule: str = "1f1b") -> dict
             paper = pipeline.simulate(order, stages, m, ops["F"], ops["B"])
             per["predicted"].append(pipeline.bubble_share(paper))
             per["predicted_step"].append(paper.duration)
-        fb = {k: [_median(s.duration for s in tl if s.rank == r and s.name[:1] == k
-                          and s.name[1:].isdigit()) for r in range(stages)] for k in "FB"}
+        fb = {k: [_median(s.duration for s in tl if s.rank == r and pass_kind(s.name) == k)
+                  for r in range(stages)] for k in "FB"}
         by_m[m] = {k: _median(v) for k, v in per.items()} | {
             "forward": fb["F"], "backward": fb["B"],
             "formula": (stages - 1) / (m + stages - 1),

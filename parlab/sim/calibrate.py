@@ -144,11 +144,12 @@ def costs_from_pipeline(net, timelines: dict, batch: int, stages: int):
     import numpy as np
 
     from .. import sim
+    from ..pipeline import pass_kind
     from .costs import _layer_weights
     sizes, fwd, bwd = [], [], []
     for m, tl in sorted(timelines.items()):
         per_stage = {k: [statistics.median(s.duration for s in tl.spans if s.rank == r
-                                           and s.name[:1] == k and s.name[1:].isdigit())
+                                           and pass_kind(s.name) == k)
                          for r in range(stages)] for k in "FB"}
         sizes.append(batch / m)
         fwd.append(sum(per_stage["F"]))

@@ -9,7 +9,7 @@ Recv, Collective, Join); ``programs`` writes them for a dp × tp × pp mesh and
 from __future__ import annotations
 
 from ..errors import counted
-from ..pipeline import check as check_schedule
+from ..pipeline import check as check_schedule, pass_kind
 from ..pipeline import gpipe, one_f_one_b
 from ..split import balance, check_bounds
 from .costs import Network, Roofline
@@ -121,8 +121,7 @@ def add_ddp_wrapper(prog: list, begun: int, cluster) -> None:
     for kind, seconds in zip("FB", wrapper):
         full = "forward" if kind == "F" else "backward"
         at = next((k for k in range(begun, len(prog)) if isinstance(prog[k], Compute)
-                   and (prog[k].name == full or prog[k].name[:1] == kind
-                        and prog[k].name[1:].isdigit())), None)
+                   and (prog[k].name == full or pass_kind(prog[k].name) == kind)), None)
         if at is not None and seconds > 0:
             prog.insert(at, Compute(prog[at].name, seconds))
 

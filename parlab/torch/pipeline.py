@@ -256,8 +256,8 @@ def run_stage(stage: Stage, micro_batches: int, ops, batches, *, steps: int,
 def _fb_spans(timeline, stages: int, ranks) -> dict[int, list]:
     """Each stage's F and B spans; the stages are ``ranks`` (default: 0 .. stages-1)."""
     ranks = list(range(stages)) if ranks is None else list(ranks)
-    return {r: [s for s in timeline if s.rank == r and s.name[:1] in "FB"
-                and s.name[1:].isdigit()] for r in ranks}
+    return {r: [s for s in timeline if s.rank == r and schedules.pass_kind(s.name)]
+            for r in ranks}
 
 
 def measured_bubble(timeline, stages: int, micro_batches: int, skip_steps: int = 1,
