@@ -169,7 +169,7 @@ def test_each_configuration_is_predicted_from_the_calibrations_on_either_side():
     assert bench_sim.calibrations_around(measured, "lab03 naive") == [runs["lab03 naive"]]
 
 
-def test_a_run_predicts_from_all_its_calibrations_once():
+def test_a_run_pools_every_calibration_it_made():
     from parlab.bench import sim as bench_sim
     first, other = {"cluster": "first"}, {"cluster": "kept"}
     one = {"calibration": first, "calibrations": {"lab02": first, "lab03 naive": {"cluster": "b"},
