@@ -154,21 +154,6 @@ def test_the_sim_benchmark_reports_the_median_over_rounds_against_each_target():
                               "tolerance allows (step 1.35x, share 0.10)")
 
 
-def test_each_configuration_is_predicted_from_the_calibrations_on_either_side():
-    from parlab.bench import sim as bench_sim
-    first = {"cluster": "first"}
-    runs = {"lab02": {"cluster": "a"}, "lab03 naive": {"cluster": "b"},
-            bench_sim.AFTER_THE_LAST: {"cluster": "z"}}
-    measured = {"calibration": first, "calibrations": runs}
-    assert bench_sim.calibrations_around(measured, "lab02") == [runs["lab02"], runs["lab03 naive"]]
-    assert bench_sim.calibrations_around(measured, "lab03 naive") == [
-        runs["lab03 naive"], runs[bench_sim.AFTER_THE_LAST]]
-    # a round kept from before: the round's first, or only the one before
-    assert bench_sim.calibrations_around({"calibration": first}, "lab02") == [first]
-    del runs[bench_sim.AFTER_THE_LAST]
-    assert bench_sim.calibrations_around(measured, "lab03 naive") == [runs["lab03 naive"]]
-
-
 def test_a_run_pools_every_calibration_it_made():
     from parlab.bench import sim as bench_sim
     first, other = {"cluster": "first"}, {"cluster": "kept"}

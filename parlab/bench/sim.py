@@ -51,7 +51,7 @@ def measure(quick: bool = False) -> dict:
     raw timelines, so the costs can be fitted again), each configuration's figures, and
     under "calibrations" the calibration run just before each configuration, in the order
     they ran, and a last one after the last configuration (``calibrations_of_run`` pools
-    them all; ``calibrations_around`` gives a configuration the two on either side).
+    them all).
 
     Many steps per configuration: one step varies 2-4x on this machine, and the median
     of 10 steps moved by 2x between runs where the median of 60 moved by about 10 %.
@@ -151,13 +151,11 @@ def measure(quick: bool = False) -> dict:
 
 
 # ------------------------------------------------------------------ predicting
-def compare(measured: dict, calibrations: list[dict] | None = None,
-            memo: dict | None = None) -> list[dict]:
+def compare(measured: dict, calibrations: list[dict], memo: dict | None = None) -> list[dict]:
     """The model's prediction for every measured figure of one round: under each of
-    ``calibrations`` (the run's: ``calibrations_of_run``), their predicted steps pooled,
-    or, without them, under the calibrations run on either side of the figure's
-    measurement (``calibrations_around``). ``memo`` keeps the predictions between the
-    rounds of one run, where the calibrations, and so the predictions, are the same.
+    ``calibrations`` (the run's: ``calibrations_of_run``), their predicted steps pooled.
+    ``memo`` keeps the predictions between the rounds of one run, where the calibrations,
+    and so the predictions, are the same.
 
     Returns rows {label, what ("step" or a share's name), predicted, measured}.
     """
@@ -169,16 +167,15 @@ def compare(measured: dict, calibrations: list[dict] | None = None,
     alone = measured["calibration"]["costs"]          # lab 01: one device, back to back
     net = sim.Network.mlp(SIM_SIZES)
     rows = []
-    memo = {} if memo is None or calibrations is None else memo
+    memo = {} if memo is None else memo
 
     def predicted(key: str, predict, *settings) -> list:
-        """``predict(cluster, costs between messages)`` under each calibration (the run's,
-        or those around ``key``'s measurement): a list of predicted timelines (or
-        figures). ``settings``: what the prediction reads from the measured round."""
+        """``predict(cluster, costs between messages)`` under each calibration: a list of
+        predicted timelines (or figures). ``settings``: what the prediction reads from the
+        measured round."""
         if (key, settings) not in memo:
             memo[key, settings] = [predict(cal["cluster"], cal["costs_between_messages"])
-                                   for cal in (calibrations if calibrations is not None
-                                               else calibrations_around(measured, key))]
+                                   for cal in calibrations]
         return memo[key, settings]
 
     def row(label, what, predicted, value, ranks=1, core_wait=0.0):
@@ -283,21 +280,6 @@ def calibrations_of_run(rounds: list[dict]) -> list[dict]:
     for measured in rounds:
         pooled += list(measured.get("calibrations", {}).values()) or [measured["calibration"]]
     return pooled
-
-
-def calibrations_around(measured: dict, key: str) -> list[dict]:
-    """The calibrations run on either side of configuration ``key``'s measurement: the one
-    just before it and the next one after (the following configuration's, or the round's
-    last). The cores' speed drifts over seconds; a measurement between two calibrations
-    meets about their average. A round measured without per-configuration calibrations
-    has only the round's first; the last configuration of a round measured before the
-    closing calibration existed has only the one before it."""
-    runs = measured.get("calibrations", {})
-    if key not in runs:
-        return [measured["calibration"]]
-    order = list(runs)
-    after = order.index(key) + 1
-    return [runs[key]] + ([runs[order[after]]] if after < len(order) else [])
 
 
 # ------------------------------------------------------------------ the report

@@ -115,10 +115,7 @@ def add_ddp_wrapper(prog: list, begun: int, cluster) -> None:
     forward hooks before the step's first forward pass, its gradient hooks with the first
     backward pass (one compute of the pass's name just before it: the span of that pass
     encloses it, as the measured one does). ``begun``: where the step starts in ``prog``."""
-    wrapper = getattr(cluster, "ddp_wrapper_s", ()) or ()
-    if not wrapper:
-        return
-    for kind, seconds in zip("FB", wrapper):
+    for kind, seconds in zip("FB", cluster.ddp_wrapper_s):
         full = "forward" if kind == "F" else "backward"
         at = next((k for k in range(begun, len(prog)) if isinstance(prog[k], Compute)
                    and (prog[k].name == full or pass_kind(prog[k].name) == kind)), None)
