@@ -121,6 +121,28 @@ def test_this_machine_is_calibrated_back_to_back_and_between_messages(no_leftove
                                                         * ranks) for tl in here[key].values())
 
 
+def test_a_bucket_hand_off_ends_where_the_rank_posts_its_all_reduce():
+    """The wait for the peer, split off the lane's all-reduce, is not the rank's hand-off:
+    the engine adds a collective's wake-up itself."""
+    from parlab.course.calibrate import bucket_handoff
+    from parlab.trace import COMM, WAIT, Span, Timeline
+    spans = []
+    for k in range(3):                  # three steps, 10 ms apart, times in ms
+        t = 10.0 * k
+        spans += [Span(0, WAIT, "handoff wait", t, t + 3.0),
+                  Span(2, WAIT, f"bucket all_reduce {k}", t + 0.1, t + 1.1),    # the peer
+                  Span(2, COMM, f"bucket all_reduce {k}", t + 1.1, t + 2.6)]
+    before, after = bucket_handoff(Timeline([_in_seconds(s) for s in spans]), lane=2)
+    assert before == pytest.approx(1e-4) and after == pytest.approx(4e-4)
+    with pytest.raises(RuntimeError, match="hand-off"):
+        bucket_handoff(Timeline([_in_seconds(spans[0])]), lane=2)
+
+
+def _in_seconds(span):
+    from dataclasses import replace
+    return replace(span, start=span.start / 1e3, end=span.end / 1e3)
+
+
 def test_the_sim_benchmark_reports_the_median_over_rounds_against_each_target():
     from parlab.bench import sim as bench_sim
     rounds = [[{"label": "lab 01", "what": "step", "predicted": p, "measured": 1.0, "ranks": 1,

@@ -91,19 +91,27 @@ def measure_this_machine(sizes=(64, 256, 256, 128, 10), *, batches=(32, 128), fi
 
 def bucket_handoff(timeline, lane: int) -> tuple[float, float]:
     """(before, after): the medians, over rank 0's steps of ``bucket_handoffs``, of how
-    long after its last gradient its bucket's all-reduce started on ``lane``, and how long
-    after the all-reduce ended ``backward()`` returned."""
+    long after its last gradient its bucket's all-reduce was posted on ``lane``, and how
+    long after the all-reduce ended ``backward()`` returned.
+
+    Posted, not started: the timeline splits the lane's span into waiting for the peer,
+    then transferring (``trace.split_waits``), and the engine adds that wait itself (a
+    wake-up at a collective's start). Read to the transfer, "before" held the peer's
+    lateness too: 0.07-1.27 ms in five calibrations, where lab 05's DDP launches between
+    them posted 0.05-0.07 ms after the last gradient (medians, both ranks, 2026-11-26).
+    """
     import statistics
 
-    from ..trace import COMM
-    reduces = [s for s in timeline if s.rank == lane and s.kind == COMM
+    from ..trace import COMM, WAIT
+    reduces = [s for s in timeline if s.rank == lane and s.kind in (WAIT, COMM)
                and s.name.startswith("bucket all_reduce")]
     before, after = [], []
     for wait in (s for s in timeline if s.rank == 0 and s.name == "handoff wait"):
-        inside = [r for r in reduces if wait.start <= r.start and r.end <= wait.end]
+        inside = sorted((r for r in reduces if wait.start <= r.start and r.end <= wait.end),
+                        key=lambda r: r.start)
         if inside:
             before.append(inside[0].start - wait.start)
-            after.append(wait.end - inside[-1].end)
+            after.append(wait.end - max(r.end for r in inside))
     if not before:
         raise RuntimeError("the calibration's DDP steps left no bucket all-reduce inside "
                            "their wait: nothing to measure the hand-off from")

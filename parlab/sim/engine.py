@@ -28,9 +28,9 @@ engine does not follow.
 copies the last gradients into the bucket and calls its hook before the all-reduce
 starts; after it ends, the hook divides and copies the result back, DDP hands it to the
 gradients and wakes the thread waiting in ``backward()``. Measured here on lab 05's MLP:
-0.07-0.4 ms before and 0.46-0.56 ms after, beside an all-reduce of 2-3 ms (calibrated:
+0.05-0.07 ms to the post and 0.3-0.5 ms after, beside an all-reduce of 1-4 ms (calibrated:
 ``Cluster.handoff_s``). A background collective starts ``before`` after its last member
-posts it, and a ``Join`` ends ``after`` after the last collective it waits for.
+posts it (and a wake-up), and a ``Join`` ends ``after`` after the last one it waits for.
 
 ``oversubscribed``: with more runnable threads than cores (ranks, plus DDP's
 communication thread on a rank whose background lane runs beside its compute:

@@ -171,9 +171,9 @@ def bucket_handoffs(rank: int, world_size: int, sizes, steps: int, batch: int = 
     all-reduce is a span on the rank's lane. Before it starts, DDP copies the gradients
     into the bucket and calls the hook; after it ends, the hook divides and copies the
     result back, DDP hands it to the gradients and the thread waiting in ``backward()``
-    wakes: measured here, 0.07-0.4 ms before and 0.46-0.56 ms after (lab 05's MLP,
-    three launches), which a prediction of the all-reduce alone left out
-    (``course.calibrate``: ``sim.Cluster.handoff_s``).
+    wakes: measured here, 0.05-0.07 ms from the last gradient to the hook's post and
+    0.3-0.5 ms after (lab 05's MLP, five launches, medians), which a prediction of the
+    all-reduce alone left out (``course.calibrate``: ``sim.Cluster.handoff_s``).
 
     Each step also runs the same MLP unwrapped ("plain forward", "plain backward") and
     times DDP's forward ("ddp forward"): what DDP's wrapper adds to a step's passes beyond
