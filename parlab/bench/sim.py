@@ -381,14 +381,13 @@ def _calibration_line(k: int, measured: dict) -> str:
     between = measured["calibration"]["costs_between_messages"]
     calls = "/".join(f"{t * 1e6:.0f}" for t in between.call_s)
     short = "".join(f", {w * 1e3:.2f} ms after {b * 1e3:.0f} ms" for b, w in c.wake_curve[:-1])
-    bucket = (f", a DDP bucket's all-reduce starts {c.handoff_s[0] * 1e3:.2f} ms after its "
+    bucket = (f", a DDP bucket's all-reduce is posted {c.handoff_s[0] * 1e3:.2f} ms after its "
               f"last gradient and its rank resumes {c.handoff_s[1] * 1e3:.2f} ms after it"
               if c.handoff_s else "")
     wrapper = (f", DDP's wrapper adds {c.ddp_wrapper_s[0] * 1e3:.2f} ms to a forward and "
                f"{c.ddp_wrapper_s[1] * 1e3:.2f} ms to a backward" if c.ddp_wrapper_s else "")
     return (f"round {k + 1}: calibrated {len(measured['calibrations'])} times, the first "
-            f"(fixed part "
-            f"{costs.fixed_s * 1e6:.0f} us per layer pass, each pass's call {calls} us "
+            f"(fixed part {costs.fixed_s * 1e6:.0f} us per layer pass, each pass's call {calls} us "
             f"(forward/backward/update, between messages), link {c.intra}, collective "
             f"overhead {c.collective_overhead_s * 1e3:.2f} ms, a rank blocked 20 ms resumes "
             f"{c.wake_latency_s * 1e3:.2f} ms late{short}{bucket}{wrapper}{slow}); "
