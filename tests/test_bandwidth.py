@@ -181,7 +181,7 @@ def test_a_run_pools_every_calibration_it_made():
     first, other = {"cluster": "first"}, {"cluster": "kept"}
     one = {"calibration": first, "calibrations": {"lab02": first, "lab03 naive": {"cluster": "b"},
                                                   bench_sim.AFTER_THE_LAST: {"cluster": "z"}}}
-    kept = {"calibration": other}       # a round measured before per-configuration ones
+    kept = {"calibration": other}       # a round kept with its first calibration only
     assert [c["cluster"] for c in bench_sim.calibrations_of_run([one, kept])] == [
         "first", "b", "z", "kept"]
 

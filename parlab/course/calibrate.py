@@ -107,10 +107,9 @@ def bucket_handoff(timeline, lane: int) -> tuple[float, float]:
                and s.name.startswith("bucket all_reduce")]
     before, after = [], []
     for wait in (s for s in timeline if s.rank == 0 and s.name == "handoff wait"):
-        inside = sorted((r for r in reduces if wait.start <= r.start and r.end <= wait.end),
-                        key=lambda r: r.start)
+        inside = [r for r in reduces if wait.start <= r.start and r.end <= wait.end]
         if inside:
-            before.append(inside[0].start - wait.start)
+            before.append(min(r.start for r in inside) - wait.start)
             after.append(wait.end - max(r.end for r in inside))
     if not before:
         raise RuntimeError("the calibration's DDP steps left no bucket all-reduce inside "
