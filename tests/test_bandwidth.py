@@ -99,6 +99,8 @@ def test_this_machine_is_calibrated_back_to_back_and_between_messages(no_leftove
     # and what DDP's wrapper adds to a step's passes (its forward and gradient hooks)
     forward, backward = cluster.ddp_wrapper_s
     assert 0 <= forward < 0.05 and 0 <= backward < 0.05
+    # and what lab 03's operators cost around a collective inside a pass
+    assert 0 <= cluster.tp_operator_s < 0.05
     # one stray per measured message: what it took beyond the link's price
     sends = [r for r in here["links"] if r["op"] == "send_recv"]
     assert len(cluster.message_spread_s) == sum(r["repeats"] for r in sends)
@@ -136,6 +138,34 @@ def test_a_bucket_hand_off_ends_where_the_rank_posts_its_all_reduce():
     assert before == pytest.approx(1e-4) and after == pytest.approx(4e-4)
     with pytest.raises(RuntimeError, match="hand-off"):
         bucket_handoff(Timeline([_in_seconds(spans[0])]), lane=2)
+
+
+def test_tensor_parallel_operators_cost_what_the_sliced_step_takes_beyond_its_collectives():
+    """The sliced pair's step less its all-reduces' spans (waiting, transferring, waiting
+    for a core), less the unsliced step, per collective (two a step)."""
+    from dataclasses import replace
+
+    from parlab.course.calibrate import tp_operator
+    from parlab.trace import COMM, COMPUTE, CORE_WAIT, WAIT, Span, Timeline
+    spans = []
+    for rank in (0, 1):
+        for k in range(4):              # four turns, 10 ms apart, times in ms
+            t = 10.0 * k
+            spans += [Span(rank, COMPUTE, "unsliced forward", t, t + 1.0),
+                      Span(rank, COMPUTE, "unsliced backward", t + 1.0, t + 3.0),
+                      Span(rank, COMPUTE, "sliced forward", t + 4.0, t + 6.0),
+                      Span(rank, WAIT, "all_reduce", t + 4.5, t + 4.7),
+                      Span(rank, COMM, "all_reduce", t + 4.7, t + 5.0),
+                      Span(rank, CORE_WAIT, "all_reduce (core wait)", t + 5.0, t + 5.3),
+                      Span(rank, COMPUTE, "sliced backward", t + 6.0, t + 9.4),
+                      Span(rank, COMM, "all_reduce", t + 7.0, t + 7.2)]
+    # sliced: 5.4 ms less 1.0 ms of collectives; unsliced: 3.0 ms; two collectives
+    assert tp_operator(Timeline([_in_seconds(s) for s in spans])) == pytest.approx(0.7e-3)
+    # a sliced step quicker than the unsliced one costs nothing, not less than nothing
+    quick = [replace(s, end=s.start + 0.5) if s.name == "sliced backward" else s for s in spans]
+    assert tp_operator(Timeline([_in_seconds(s) for s in quick])) == 0.0
+    with pytest.raises(RuntimeError, match="sliced"):
+        tp_operator(Timeline([_in_seconds(s) for s in spans if "unsliced" in s.name]))
 
 
 def _in_seconds(span):

@@ -213,6 +213,25 @@ def test_tensor_parallel_moves_what_the_course_formula_says():
     assert naive.step_s > paired.step_s
 
 
+def test_each_tensor_parallel_collective_costs_its_ranks_the_measured_operator_time():
+    """``tp_operator_s``: paid after every tp collective, inside the pass that holds it
+    (lab 03's MLP: column_row 3 collectives a step, naive 7); nothing where no tp."""
+    net, costs = _even(4)
+
+    def run(scheme, devices=2, **kw):
+        return sim.tensor_parallel(net, _free_cluster(**kw), 64, devices=devices, scheme=scheme,
+                                   steps=2, costs=costs)
+    for scheme, collectives in (("column_row", 3), ("naive", 7)):
+        plain, paid = run(scheme), run(scheme, tp_operator_s=1e-4)
+        assert paid.step_s == pytest.approx(plain.step_s + collectives * 1e-4)
+        for phase in ("forward", "backward"):     # one span a step, the cost inside it
+            assert len([s for s in paid if s.rank == 0 and s.name == phase]) == 2
+    assert run("naive", devices=1, tp_operator_s=1e-4).step_s == pytest.approx(
+        run("naive", devices=1).step_s)
+    with pytest.raises(ValueError, match="tp_operator_s"):
+        _free_cluster(tp_operator_s=-1e-4)
+
+
 STRATEGY_CASES = [
     ("single_device", {}, 1), ("manual_split", {"devices": 2}, 2),
     ("tensor_parallel", {"devices": 2, "scheme": "naive"}, 2),
@@ -649,6 +668,21 @@ def test_a_one_pass_collective_meets_the_all_reduces_strays_half_as_often():
     assert 70 <= sum(strayed("all-gather")) <= 130          # binomial(200, 1/2): 5 sd
     assert [s.duration for s in tl.spans] == [s.duration for s in run(progs, spread=(
         (), (4e-3,))).spans]                                   # seeded: the same again
+
+
+def test_a_one_pass_collective_pays_half_the_wake_up_at_its_start():
+    """Every collective waits one wake-up after its last member arrives (one member
+    blocked), except back to back where the ranks fit the cores; a one-pass one, half."""
+    from parlab.sim.engine import Collective, Compute, run
+    for name, wake in (("all-reduce", 4e-4), ("all-gather", 2e-4), ("reduce-scatter", 2e-4)):
+        progs = [[Compute("forward", 1e-3), Collective((0, 1), 100, 1e-3, name)]] * 2
+        tl = run(progs, wake_s=4e-4, cores=2)
+        waits = [s.duration for s in tl.spans if s.kind == "wait" and s.rank == 0]
+        assert waits == [pytest.approx(wake)], name
+        assert tl.duration == pytest.approx(2e-3 + wake)
+    back_to_back = [[Collective((0, 1), 100, 1e-3, "all-gather")] * 2] * 2
+    tl = run(back_to_back, wake_s=4e-4, cores=2)
+    assert tl.duration == pytest.approx(2e-3 + 2e-4)        # the first only
 
 
 def test_the_strays_of_a_sweep_are_each_message_less_its_price():

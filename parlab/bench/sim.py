@@ -42,8 +42,8 @@ SIM_PIPELINE_SIZES = (64, 256, 256, 256, 256, 256, 256, 10)     # lab 04: deeper
 # resampling 20 kept rounds of four runs, the share of runs with every 2-rank row within
 # 15 % went 0.62 -> 0.87 from five rounds of eleven calibrations to nine of four, the
 # same with nine of six, 0.76 with seven of six; a calibration takes 4-7 s, a launch 1 s.
-# Five runs since, in the same time as before: 7, 6, 7, 7 and 7 of 8, each miss a pinned
-# row the model under-predicts whatever the rounds: README, "Against this machine")
+# Four runs since lab 03's operators are calibrated: 8 of 8 each: README, "Against this
+# machine")
 ROUNDS = 9
 STEP_TOLERANCE = 0.15                     # the targets: step time within 15 %,
 SHARE_TOLERANCE = 0.05                    # bubble and wait shares within 0.05
@@ -386,11 +386,13 @@ def _calibration_line(k: int, measured: dict) -> str:
               if c.handoff_s else "")
     wrapper = (f", DDP's wrapper adds {c.ddp_wrapper_s[0] * 1e3:.2f} ms to a forward and "
                f"{c.ddp_wrapper_s[1] * 1e3:.2f} ms to a backward" if c.ddp_wrapper_s else "")
+    operators = (f", lab 03's operators cost {c.tp_operator_s * 1e3:.2f} ms around each "
+                 "collective" if c.tp_operator_s else "")
     return (f"round {k + 1}: calibrated {len(measured['calibrations'])} times, the first "
             f"(fixed part {costs.fixed_s * 1e6:.0f} us per layer pass, each pass's call {calls} us "
             f"(forward/backward/update, between messages), link {c.intra}, collective "
             f"overhead {c.collective_overhead_s * 1e3:.2f} ms, a rank blocked 20 ms resumes "
-            f"{c.wake_latency_s * 1e3:.2f} ms late{short}{bucket}{wrapper}{slow}); "
+            f"{c.wake_latency_s * 1e3:.2f} ms late{short}{bucket}{wrapper}{operators}{slow}); "
             f"{os.cpu_count()} cores, load average {measured['load']}")
 
 

@@ -18,7 +18,8 @@ def measure_this_machine(sizes=(64, 256, 256, 128, 10), *, batches=(32, 128), fi
     ``sizes`` at each batch size, back to back and between messages, with what a pass's call
     costs whatever its layers (``Measured.call_s``, timed on a one-layer network), and what
     a DDP bucket's all-reduce costs its rank before it starts and after it ends
-    (``handoff_s``), and what DDP's wrapper adds to a step's passes (``ddp_wrapper_s``).
+    (``handoff_s``), what DDP's wrapper adds to a step's passes (``ddp_wrapper_s``), and
+    what lab 03's operators cost around each collective inside a pass (``tp_operator_s``).
     Returns {"cluster": a ``sim.Cluster`` of ``devices`` simulated devices
     sharing this machine's cores, with the measured link and collective overhead
     (``sim.measured_link``: medians) and how far each measured message strayed from them
@@ -78,11 +79,12 @@ def measure_this_machine(sizes=(64, 256, 256, 128, 10), *, batches=(32, 128), fi
     curve = ((SHORT_BLOCK_S, late_beyond_the_message("wake_short")), (LONG_BLOCK_S, wake))
     handoff = bucket_handoff(res.timeline, lane=2)     # rank 0's lane: world size + rank
     wrapper = ddp_wrapper(res.timeline)
+    operators = tp_operator(res.timeline)
     per_pass = [costs.forward_s(i, max(fit)) + costs.backward_s(i, max(fit)) for i in range(len(net))]
     flops = 3 * max(fit) * sum(layer.flops for layer in net.layers) / sum(per_pass)
     cluster = sim.Cluster("this machine (measured)", devices, 8e9, flops, costs.fixed_s, devices,
                           link, link, overhead, wake_latency_s=wake, wake_curve=curve,
-                          handoff_s=handoff, ddp_wrapper_s=wrapper,
+                          handoff_s=handoff, ddp_wrapper_s=wrapper, tp_operator_s=operators,
                           cores=os.cpu_count() or 1,
                           message_spread_s=p2p_spread, collective_spread_s=collective_spread)
     return {"cluster": cluster, "costs": costs, "costs_between_messages": between,
@@ -134,3 +136,28 @@ def ddp_wrapper(timeline) -> tuple[float, float]:
         return statistics.median(times)
     return (max(median("ddp forward") - median("plain forward"), 0.0),
             max(median("handoff backward") - median("plain backward"), 0.0))
+
+
+def tp_operator(timeline, skip: int = 2) -> float:
+    """What a collective inside a pass costs its rank beyond the collective itself, from
+    ``tp_operators``' steps on both ranks: the median sliced step (forward start to
+    backward end) less its all-reduces' spans (waiting, transferring, waiting for a core),
+    less the median unsliced step, over its two collectives. Never below nothing."""
+    import statistics
+
+    def steps(rank: int, name: str, less_collectives: bool) -> list[float]:
+        spans = [s for s in timeline if s.rank == rank]
+        forwards = sorted((s for s in spans if s.name == f"{name} forward"), key=lambda s: s.start)
+        backwards = sorted((s for s in spans if s.name == f"{name} backward"),
+                           key=lambda s: s.start)
+        if not forwards:
+            raise RuntimeError(f"the calibration left no {name!r} steps on rank {rank}: nothing "
+                               "to measure tensor parallelism's operators from")
+        collectives = [s for s in spans if s.name.startswith("all_reduce")
+                       and s.start >= forwards[0].start] if less_collectives else []
+        return [(b.end - f.start) - sum(c.duration for c in collectives
+                                        if f.start <= c.start and c.end <= b.end)
+                for f, b in list(zip(forwards, backwards))[skip:]]
+    sliced = [t for r in (0, 1) for t in steps(r, "sliced", True)]
+    unsliced = [t for r in (0, 1) for t in steps(r, "unsliced", False)]
+    return max((statistics.median(sliced) - statistics.median(unsliced)) / 2, 0.0)

@@ -50,11 +50,11 @@ predicted step that priced each at its typical (median) time misses the slow one
 step of ten messages rarely avoids, and one priced at their mean charges a step of two
 messages for stalls it seldom meets. Given the measured strays (``Cluster.
 message_spread_s``, ``collective_spread_s``: each measured message's time less its
-price), the engine adds to every message and collective (to half the one-pass ones:
-``_collective_s``) one of them, drawn at random (seeded), once per message, so that each
-predicted step meets stalls as often as a measured one; the median over many predicted
-steps then reads as the median measured step does (resampling the measured strays: the
-bootstrap, Efron 1979). Without strays every message takes its price.
+price), the engine adds to every message and collective (to half the one-pass ones,
+which also pay half the wake-up: ``_collective_s``) one of them, drawn at random
+(seeded), once per message, so that each predicted step meets stalls as often as a
+measured one; the median of many predicted steps then reads as the median measured step
+does (resampling the measured strays: the bootstrap, Efron 1979).
 
 ``cores``: simulated devices on a CPU share its cores. When more ranks compute at once
 than there are cores, each computes at cores / computing of its speed (processor
@@ -69,8 +69,7 @@ pipeline's activations: stage 0 computes its next micro-batch while its last one
 travels.
 
 Consecutive compute operations with the same name become one span, enclosing the
-transfers between them, as a measured ``with span("forward"):`` encloses the
-tensor-parallel all-reduces it calls.
+transfers between them, as a measured ``with span("forward"):`` encloses its collectives.
 """
 from __future__ import annotations
 
@@ -392,7 +391,7 @@ class Engine:
             return True
         if len(arrivals) < len(op.group):
             return None
-        start = self._collective_start(arrivals.values(), self._back_to_back(op))
+        start = self._collective_start(arrivals.values(), self._back_to_back(op), op.passes)
         end = start + self._collective_s(op, key)
         self._span(r, WAIT, op.name, arrivals[r], start, axis=op.axis)
         self._span(r, COMM, op.name, start, end, op.nbytes, axis=op.axis)
@@ -414,17 +413,18 @@ class Engine:
         return self._seconds(settled, op.seconds, strays, len(op.group)) \
             + ring_wakeups_s(len(op.group), self.wake_s, self.over)
 
-    def _collective_start(self, ready, back_to_back: bool = False) -> float:
+    def _collective_start(self, ready, back_to_back: bool = False, passes: int = 2) -> float:
         """When the last member is there, plus one wake-up: the members never arrive
         together (their computes differ by a little, and on a busy CPU each is descheduled
         at random), so one always blocked. Except for collectives run back to back where
         the ranks fit the cores: its members left the one before together and reach this
         one together, none blocking (measured, lab 05 by hand: its eight all-reduces a step
         waited 2-20 us each for the peer, where DDP's one after the backward pass waited
-        up to 1.5 ms)."""
+        up to 1.5 ms). A one-pass collective pays half, as it draws half the strays (lab 03
+        naive, ten launches: all-gathers took 0.30-0.55x all-reduces' time beyond price)."""
         if back_to_back and self.over <= 1.0:
             return max(ready)
-        return max(ready) + self.wake
+        return max(ready) + self.wake * passes / 2
 
     def _back_to_back(self, op: Collective) -> bool:
         """Whether every member comes straight from a blocking collective of the same

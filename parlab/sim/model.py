@@ -77,6 +77,10 @@ class Cluster:
     # data parallelism with overlapped buckets (sim.program). Empty: nothing (the presets:
     # beside their models' passes it is lost)
     ddp_wrapper_s: tuple = ()
+    # measured: what a collective inside a pass costs its rank beyond the collective (the
+    # autograd function around it, the copies and the bias, resuming with cold caches):
+    # paid after each tensor-parallel collective (sim.stage). 0: nothing (the presets)
+    tp_operator_s: float = 0.0
     cores: int = 0                  # processors the devices share (0: each its own, GPUs)
     matrix: MatrixUnit | None = None    # prices matrix products by shape (sim.gemm); None:
                                         # flops for all of them
@@ -102,7 +106,8 @@ class Cluster:
         amount(owner, "flops", self.flops, unit="FLOP/s", positive=True, infinite=True)
         amount(owner, "memory_bandwidth_Bps", self.memory_bandwidth_Bps,
                unit="bytes per second", positive=True, infinite=True)
-        for name in ("layer_overhead_s", "collective_overhead_s", "wake_latency_s"):
+        for name in ("layer_overhead_s", "collective_overhead_s", "wake_latency_s",
+                     "tp_operator_s"):
             amount(owner, name, getattr(self, name), unit="seconds")
         if not isinstance(self.wake_curve, tuple) or not all(
                 isinstance(p, tuple) and len(p) == 2 and all(

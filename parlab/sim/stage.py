@@ -93,8 +93,14 @@ class Stage:
         k = i - self.layers.start
         return tp if (k % 2 == 1 or k + 1 < len(self.layers)) else 1
 
-    def _tp(self, group, nbytes, seconds, name) -> Collective:
-        return Collective(group, nbytes, seconds, name, "tp")
+    def _tp(self, group, nbytes, seconds, what, name) -> list:
+        """A tensor-parallel collective ``what`` inside the pass ``name``, then what its
+        operators cost the rank around it (``Cluster.tp_operator_s``, measured; nothing on
+        the presets): lab 03's ranks computed 0.2-0.4 ms longer after each collective
+        than its layers alone predicted."""
+        ops = [Collective(group, nbytes, seconds, what, "tp")]
+        operator = getattr(self.mesh.cluster, "tp_operator_s", 0.0)
+        return ops + [Compute(name, operator)] if operator > 0 else ops
 
     def _layer_forward(self, name: str, i: int, k: int, batch: float, group: tuple) -> list:
         m, ab = self.mesh, self.net.act_bytes
@@ -106,9 +112,9 @@ class Stage:
         if m.tp == 1:
             return ops
         if self.scheme == "naive":      # every layer's slices gathered whole
-            ops.append(self._tp(group, out / m.tp, m.half_ring_s("tp", out), "all-gather"))
+            ops += self._tp(group, out / m.tp, m.half_ring_s("tp", out), "all-gather", name)
         elif k % 2 == 1:                 # a row-parallel layer: add the partial outputs
-            ops.append(self._tp(group, out, m.all_reduce_s("tp", out), "all-reduce"))
+            ops += self._tp(group, out, m.all_reduce_s("tp", out), "all-reduce", name)
         return ops
 
     def _call(self, name: str, which: int) -> list:
@@ -154,8 +160,8 @@ class Stage:
                 # needs none (the first layer of the network)
                 column = self.scheme == "naive" or (k % 2 == 0 and self._sliced(i) > 1)
                 if m.tp > 1 and column and i > 0:
-                    ops.append(self._tp(group, grad_in, m.all_reduce_s("tp", grad_in),
-                                        "all-reduce"))
+                    ops += self._tp(group, grad_in, m.all_reduce_s("tp", grad_in),
+                                    "all-reduce", name)
             if self.sharder:
                 ops += self.sharder.after(i, forward=False)
         return ops
@@ -169,14 +175,14 @@ class Stage:
             return [Compute(name, seconds, layer)]
         for _ in range(all_reduces):
             if self.net.sequence_parallel:
-                ops.append(self._tp(group, nbytes / m.tp, m.half_ring_s("tp", nbytes),
-                                    "all-gather"))
+                ops += self._tp(group, nbytes / m.tp, m.half_ring_s("tp", nbytes),
+                                "all-gather", name)
                 ops.append(Compute(name, seconds / all_reduces, layer))
-                ops.append(self._tp(group, nbytes / m.tp, m.half_ring_s("tp", nbytes),
-                                    "reduce-scatter"))
+                ops += self._tp(group, nbytes / m.tp, m.half_ring_s("tp", nbytes),
+                                "reduce-scatter", name)
             else:
                 ops.append(Compute(name, seconds / all_reduces, layer))
-                ops.append(self._tp(group, nbytes, m.all_reduce_s("tp", nbytes), "all-reduce"))
+                ops += self._tp(group, nbytes, m.all_reduce_s("tp", nbytes), "all-reduce", name)
         return ops
 
     def params(self) -> float:

@@ -52,8 +52,9 @@ def calibration_ranks(rank: int, world_size: int, sizes, batches, steps: int,
     a network of one tiny layer after each turn ("call forward", ...: what a pass costs
     with next to no layer), twice: back to back, as lab 01 runs, and with a small
     message to and from rank 1 before every phase, rank 1 training too, as the ranks of
-    a distributed step run (``calibration_steps``). Last, both ranks run DDP's bucket
-    all-reduce (``bucket_handoffs``).
+    a distributed step run (``calibration_steps``). Then both ranks run DDP's bucket
+    all-reduce (``bucket_handoffs``), and last lab 03's operators around a collective
+    (``tp_operators``).
     """
     from . import bandwidth, comm
     links = bandwidth.sweep(rank, world_size, sizes=messages, ops=("send_recv", "all_reduce"))
@@ -65,6 +66,8 @@ def calibration_ranks(rank: int, world_size: int, sizes, batches, steps: int,
     calibration_steps(rank, sizes, batches, steps, between_messages=True)
     comm.barrier(name="calibration")
     bucket_handoffs(rank, world_size, sizes, steps)
+    comm.barrier(name="calibration")
+    tp_operators(sizes, steps)
     comm.barrier(name="calibration")
     return {"links": links, "wake": wake, "wake_short": wake_short}
 
@@ -217,6 +220,54 @@ def bucket_handoffs(rank: int, world_size: int, sizes, steps: int, batch: int = 
         recorder().add("handoff backward", COMPUTE, b0, last[0])
         recorder().add("handoff wait", WAIT, last[0], b1)
         net.zero_grad(set_to_none=True)
+
+
+def tp_operators(sizes, steps: int, batch: int = 64) -> None:
+    """Both ranks run a column-then-row pair of lab 03 (``tensor_parallel``: operator f,
+    a column-parallel Linear of ``sizes[1] -> sizes[2]``, ReLU, a row-parallel Linear to
+    ``sizes[3]``, operator g) after a plain first Linear, forward and backward: one
+    all-reduce in each pass ("sliced forward", "sliced backward"). Taking turns with it,
+    the same layers' slices computed without the operators ("unsliced forward", "unsliced
+    backward"): the same products, no collective.
+
+    What the sliced step takes beyond its all-reduces and beyond the unsliced one is what
+    each collective inside a pass costs its rank (``course.calibrate.tp_operator``): the
+    autograd function that calls it, the copies and the bias around it, and resuming
+    after it, when the rank's next layer finds its caches cold (the same slow-down that
+    ``calibration_steps`` times once per pass, here once per collective). Measured here:
+    0.15-0.17 ms per collective in three launches of its own, 0.17-0.34 ms in the
+    calibrations of benchmark runs, where the model had priced none: in lab 03's steps
+    each stretch of compute after a collective took 0.2-0.4 ms longer than predicted
+    (2026-11-27).
+    """
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from ..trace import span
+    from . import tensor_parallel as tp
+    torch.manual_seed(0)
+    widths = (*sizes, sizes[-1], sizes[-1])[:4]      # a network of two layers: its last twice
+    first = nn.Linear(widths[0], widths[1])
+    column = tp.ColumnParallelLinear(nn.Linear(widths[1], widths[2]))
+    row = tp.RowParallelLinear(nn.Linear(widths[2], widths[3]))
+    params = [*first.parameters(), *column.parameters(), *row.parameters()]
+    x = torch.randn(batch, widths[0])
+
+    def sliced():
+        return row(F.relu(column(F.relu(first(x))))).sum()
+
+    def unsliced():
+        y = F.linear(F.relu(F.linear(F.relu(first(x)), column.weight, column.bias)), row.weight)
+        return (y + row.bias).sum()
+    for _ in range(steps):
+        for name, pair in (("unsliced", unsliced), ("sliced", sliced)):
+            with span(f"{name} forward"):
+                loss = pair()
+            with span(f"{name} backward"):
+                loss.backward()
+            for p in params:
+                p.grad = None
 
 
 CALIBRATION_MESSAGES = (4096, 65536, 1 << 18, 1 << 20, 4 << 20)
