@@ -226,10 +226,24 @@ def test_each_tensor_parallel_collective_costs_its_ranks_the_measured_operator_t
         assert paid.step_s == pytest.approx(plain.step_s + collectives * 1e-4)
         for phase in ("forward", "backward"):     # one span a step, the cost inside it
             assert len([s for s in paid if s.rank == 0 and s.name == phase]) == 2
+        # after the collective, not before it: the first one starts when it did
+        first = [min(s.start for s in tl if s.kind == "comm") for tl in (plain, paid)]
+        assert first[0] == pytest.approx(first[1])
     assert run("naive", devices=1, tp_operator_s=1e-4).step_s == pytest.approx(
         run("naive", devices=1).step_s)
     with pytest.raises(ValueError, match="tp_operator_s"):
         _free_cluster(tp_operator_s=-1e-4)
+    # with a pipeline too: every tp collective of every rank's program, the all-gather
+    # of a stage's received activations included, is followed by the cost, in its pass
+    from parlab.sim.engine import Collective, Compute
+    from parlab.sim.program import programs
+    progs, _ = programs(net, _free_cluster(tp_operator_s=1e-4), costs, 64, tp=2, pp=2,
+                        micro_batches=2, dp=2)
+    for prog in progs:
+        at = [k for k, op in enumerate(prog) if isinstance(op, Collective) and op.axis == "tp"]
+        assert len(at) >= 4 and all(isinstance(prog[k + 1], Compute)
+                                    and prog[k + 1].seconds == 1e-4 for k in at)
+        assert any(prog[k].name == "all-gather" for k in at)     # the stage boundary's
 
 
 STRATEGY_CASES = [

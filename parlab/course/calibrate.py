@@ -142,8 +142,15 @@ def tp_operator(timeline, skip: int = 2) -> float:
     """What a collective inside a pass costs its rank beyond the collective itself, from
     ``tp_operators``' steps on both ranks: the median sliced step (forward start to
     backward end) less its all-reduces' spans (waiting, transferring, waiting for a core),
-    less the median unsliced step, over its two collectives. Never below nothing."""
+    less the median unsliced step, over its two collectives. Never below nothing.
+
+    A step ends where its backward did before the timeline carved the backward's own wait
+    for a core off its end (``core_waits.carve``): cut there, the backward's last
+    all-reduce could end past the step and stay in it, and the two steps would keep
+    different shares of their waits."""
     import statistics
+
+    from ..core_waits import waiting_name
 
     def steps(rank: int, name: str, less_collectives: bool) -> list[float]:
         spans = [s for s in timeline if s.rank == rank]
@@ -153,11 +160,16 @@ def tp_operator(timeline, skip: int = 2) -> float:
         if not forwards:
             raise RuntimeError(f"the calibration left no {name!r} steps on rank {rank}: nothing "
                                "to measure tensor parallelism's operators from")
+        carved = {s.start: s.end for s in spans if s.name == waiting_name(f"{name} backward")}
         collectives = [s for s in spans if s.name.startswith("all_reduce")
                        and s.start >= forwards[0].start] if less_collectives else []
-        return [(b.end - f.start) - sum(c.duration for c in collectives
-                                        if f.start <= c.start and c.end <= b.end)
-                for f, b in list(zip(forwards, backwards))[skip:]]
+        pairs = list(zip(forwards, backwards))
+        out = []
+        for f, b in pairs[skip:] if len(pairs) > skip else pairs:
+            end = carved.get(b.end, b.end)
+            out.append((end - f.start) - sum(c.duration for c in collectives
+                                             if f.start <= c.start and c.end <= end))
+        return out
     sliced = [t for r in (0, 1) for t in steps(r, "sliced", True)]
     unsliced = [t for r in (0, 1) for t in steps(r, "unsliced", False)]
     return max((statistics.median(sliced) - statistics.median(unsliced)) / 2, 0.0)

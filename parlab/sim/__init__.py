@@ -66,8 +66,8 @@ cores with them. DDP's bucket all-reduce starts a little after its last gradient
 reaches its rank a little after it ends (``Cluster.handoff_s``, measured on lab 05's
 hook), and DDP's wrapper adds its hooks to each step's forward and backward
 (``Cluster.ddp_wrapper_s``, measured). A tensor-parallel collective inside a pass costs
-its rank the operators around it and a cold resume after it (``Cluster.tp_operator_s``,
-measured on lab 03's column-then-row pair). And a measured machine's messages stray from
+its rank the autograd function that calls it and a cold resume after it
+(``Cluster.tp_operator_s``, measured on lab 03's column-then-row pair). And a measured machine's messages stray from
 their price (``Cluster.message_spread_s``, ``collective_spread_s``, from
 ``measure_this_machine``'s sweep): the engine adds one measured stray, drawn at random,
 to every message, so the median of many predicted steps reads as the median of many

@@ -51,7 +51,7 @@ step of ten messages rarely avoids, and one priced at their mean charges a step 
 messages for stalls it seldom meets. Given the measured strays (``Cluster.
 message_spread_s``, ``collective_spread_s``: each measured message's time less its
 price), the engine adds to every message and collective (to half the one-pass ones,
-which also pay half the wake-up: ``_collective_s``) one of them, drawn at random
+which also pay half the wake-up: ``_collective_start``) one of them, drawn at random
 (seeded), once per message, so that each predicted step meets stalls as often as a
 measured one; the median of many predicted steps then reads as the median measured step
 does (resampling the measured strays: the bootstrap, Efron 1979).
@@ -421,7 +421,7 @@ class Engine:
         one together, none blocking (measured, lab 05 by hand: its eight all-reduces a step
         waited 2-20 us each for the peer, where DDP's one after the backward pass waited
         up to 1.5 ms). A one-pass collective pays half, as it draws half the strays (lab 03
-        naive, ten launches: all-gathers took 0.30-0.55x all-reduces' time beyond price)."""
+        naive, ten launches: all-gathers took 0.30-0.55x all-reduces' time past price)."""
         if back_to_back and self.over <= 1.0:
             return max(ready)
         return max(ready) + self.wake * passes / 2
@@ -437,7 +437,7 @@ class Engine:
     def _resolve_background(self, op: Collective, arrivals: dict, key: tuple) -> None:
         """All members posted: the collective runs when the last has, and every lane is free."""
         start = self._collective_start([*(t + self.handoff_before for t in arrivals.values()),
-                                        *(self.lane_free[m] for m in op.group)])
+                                        *(self.lane_free[m] for m in op.group)], False, op.passes)
         end = start + self._collective_s(op, key)
         for m in op.group:
             lane = self.n + m

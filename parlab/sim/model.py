@@ -78,8 +78,8 @@ class Cluster:
     # beside their models' passes it is lost)
     ddp_wrapper_s: tuple = ()
     # measured: what a collective inside a pass costs its rank beyond the collective (the
-    # autograd function around it, the copies and the bias, resuming with cold caches):
-    # paid after each tensor-parallel collective (sim.stage). 0: nothing (the presets)
+    # autograd function that calls it, resuming with cold caches after it): paid after
+    # each tensor-parallel collective (sim.stage). 0: nothing (the presets)
     tp_operator_s: float = 0.0
     cores: int = 0                  # processors the devices share (0: each its own, GPUs)
     matrix: MatrixUnit | None = None    # prices matrix products by shape (sim.gemm); None:

@@ -163,8 +163,8 @@ def pipeline_op(kind, i, c, s, stage: Stage, mesh: Mesh, d, t, pp, chunks, mb, n
         nbytes = boundary_bytes(stage.net, at, mb)
         out = [Recv(peer, nbytes / mesh.tp, "recv", "pp")]
         if mesh.tp > 1:
-            out.append(Collective(group, nbytes / mesh.tp, mesh.half_ring_s("tp", nbytes),
-                                  "all-gather", "tp"))
+            out += stage.tp_collective(group, nbytes / mesh.tp, mesh.half_ring_s("tp", nbytes),
+                                       "all-gather", name)
         return out
 
     def send(peer, at):

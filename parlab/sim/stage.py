@@ -93,11 +93,11 @@ class Stage:
         k = i - self.layers.start
         return tp if (k % 2 == 1 or k + 1 < len(self.layers)) else 1
 
-    def _tp(self, group, nbytes, seconds, what, name) -> list:
-        """A tensor-parallel collective ``what`` inside the pass ``name``, then what its
-        operators cost the rank around it (``Cluster.tp_operator_s``, measured; nothing on
-        the presets): lab 03's ranks computed 0.2-0.4 ms longer after each collective
-        than its layers alone predicted."""
+    def tp_collective(self, group, nbytes, seconds, what, name) -> list:
+        """A tensor-parallel collective ``what`` inside the pass ``name``, then what it
+        costs the rank beyond itself (``Cluster.tp_operator_s``, measured: the autograd
+        function that calls it, resuming after it; nothing on the presets): lab 03's ranks
+        computed 0.2-0.4 ms longer after each collective than its layers predicted."""
         ops = [Collective(group, nbytes, seconds, what, "tp")]
         operator = getattr(self.mesh.cluster, "tp_operator_s", 0.0)
         return ops + [Compute(name, operator)] if operator > 0 else ops
@@ -112,9 +112,9 @@ class Stage:
         if m.tp == 1:
             return ops
         if self.scheme == "naive":      # every layer's slices gathered whole
-            ops += self._tp(group, out / m.tp, m.half_ring_s("tp", out), "all-gather", name)
+            ops += self.tp_collective(group, out / m.tp, m.half_ring_s("tp", out), "all-gather", name)
         elif k % 2 == 1:                 # a row-parallel layer: add the partial outputs
-            ops += self._tp(group, out, m.all_reduce_s("tp", out), "all-reduce", name)
+            ops += self.tp_collective(group, out, m.all_reduce_s("tp", out), "all-reduce", name)
         return ops
 
     def _call(self, name: str, which: int) -> list:
@@ -160,7 +160,7 @@ class Stage:
                 # needs none (the first layer of the network)
                 column = self.scheme == "naive" or (k % 2 == 0 and self._sliced(i) > 1)
                 if m.tp > 1 and column and i > 0:
-                    ops += self._tp(group, grad_in, m.all_reduce_s("tp", grad_in),
+                    ops += self.tp_collective(group, grad_in, m.all_reduce_s("tp", grad_in),
                                     "all-reduce", name)
             if self.sharder:
                 ops += self.sharder.after(i, forward=False)
@@ -175,14 +175,14 @@ class Stage:
             return [Compute(name, seconds, layer)]
         for _ in range(all_reduces):
             if self.net.sequence_parallel:
-                ops += self._tp(group, nbytes / m.tp, m.half_ring_s("tp", nbytes),
+                ops += self.tp_collective(group, nbytes / m.tp, m.half_ring_s("tp", nbytes),
                                 "all-gather", name)
                 ops.append(Compute(name, seconds / all_reduces, layer))
-                ops += self._tp(group, nbytes / m.tp, m.half_ring_s("tp", nbytes),
+                ops += self.tp_collective(group, nbytes / m.tp, m.half_ring_s("tp", nbytes),
                                 "reduce-scatter", name)
             else:
                 ops.append(Compute(name, seconds / all_reduces, layer))
-                ops += self._tp(group, nbytes, m.all_reduce_s("tp", nbytes), "all-reduce", name)
+                ops += self.tp_collective(group, nbytes, m.all_reduce_s("tp", nbytes), "all-reduce", name)
         return ops
 
     def params(self) -> float:

@@ -232,13 +232,13 @@ def tp_operators(sizes, steps: int, batch: int = 64) -> None:
 
     What the sliced step takes beyond its all-reduces and beyond the unsliced one is what
     each collective inside a pass costs its rank (``course.calibrate.tp_operator``): the
-    autograd function that calls it, the copies and the bias around it, and resuming
-    after it, when the rank's next layer finds its caches cold (the same slow-down that
-    ``calibration_steps`` times once per pass, here once per collective). Measured here:
-    0.15-0.17 ms per collective in three launches of its own, 0.17-0.34 ms in the
-    calibrations of benchmark runs, where the model had priced none: in lab 03's steps
-    each stretch of compute after a collective took 0.2-0.4 ms longer than predicted
-    (2026-11-27).
+    autograd function that calls it (and its backward node), and resuming after it, when
+    the rank's next layer finds its caches cold (the slow-down ``calibration_steps``
+    times once per pass, here once per collective; both steps add the bias after the
+    product, so it cancels). Measured here: 0.15-0.17 ms per collective in three
+    launches of its own, 0.16-0.40 ms in the first calibrations of 45 benchmark rounds
+    (2026-11-27), where the model had priced none: in lab 03's steps each stretch of
+    compute after a collective had taken 0.2-0.4 ms longer than predicted.
     """
     import torch
     import torch.nn.functional as F
