@@ -67,11 +67,11 @@ reaches its rank a little after it ends (``Cluster.handoff_s``, measured on lab 
 hook), and DDP's wrapper adds its hooks to each step's forward and backward
 (``Cluster.ddp_wrapper_s``, measured). A tensor-parallel collective inside a pass costs
 its rank the autograd function that calls it and a cold resume after it
-(``Cluster.tp_operator_s``, measured on lab 03's column-then-row pair). And a measured machine's messages stray from
-their price (``Cluster.message_spread_s``, ``collective_spread_s``, from
-``measure_this_machine``'s sweep): the engine adds one measured stray, drawn at random,
-to every message, so the median of many predicted steps reads as the median of many
-measured ones.
+(``Cluster.tp_operator_s``, measured on lab 03's column-then-row pair). And a measured
+machine's messages stray from their price (``Cluster.message_spread_s``,
+``collective_spread_s``, from ``measure_this_machine``'s sweep): the engine adds one
+measured stray, drawn at random, to every message, so the median of many predicted
+steps reads as the median of many measured ones.
 
 Predicted timelines: ``PredictedTimeline``, a ``parlab.trace.Timeline`` with
 ``predicted = True``, ``title``, ``step_s`` and ``notes``; the measured runs' span names

@@ -112,7 +112,8 @@ class Stage:
         if m.tp == 1:
             return ops
         if self.scheme == "naive":      # every layer's slices gathered whole
-            ops += self.tp_collective(group, out / m.tp, m.half_ring_s("tp", out), "all-gather", name)
+            ops += self.tp_collective(group, out / m.tp, m.half_ring_s("tp", out),
+                                      "all-gather", name)
         elif k % 2 == 1:                 # a row-parallel layer: add the partial outputs
             ops += self.tp_collective(group, out, m.all_reduce_s("tp", out), "all-reduce", name)
         return ops
@@ -161,7 +162,7 @@ class Stage:
                 column = self.scheme == "naive" or (k % 2 == 0 and self._sliced(i) > 1)
                 if m.tp > 1 and column and i > 0:
                     ops += self.tp_collective(group, grad_in, m.all_reduce_s("tp", grad_in),
-                                    "all-reduce", name)
+                                              "all-reduce", name)
             if self.sharder:
                 ops += self.sharder.after(i, forward=False)
         return ops
@@ -176,13 +177,14 @@ class Stage:
         for _ in range(all_reduces):
             if self.net.sequence_parallel:
                 ops += self.tp_collective(group, nbytes / m.tp, m.half_ring_s("tp", nbytes),
-                                "all-gather", name)
+                                          "all-gather", name)
                 ops.append(Compute(name, seconds / all_reduces, layer))
                 ops += self.tp_collective(group, nbytes / m.tp, m.half_ring_s("tp", nbytes),
-                                "reduce-scatter", name)
+                                          "reduce-scatter", name)
             else:
                 ops.append(Compute(name, seconds / all_reduces, layer))
-                ops += self.tp_collective(group, nbytes, m.all_reduce_s("tp", nbytes), "all-reduce", name)
+                ops += self.tp_collective(group, nbytes, m.all_reduce_s("tp", nbytes),
+                                          "all-reduce", name)
         return ops
 
     def params(self) -> float:
