@@ -152,7 +152,7 @@ def tp_operator(timeline, skip: int = 2) -> float:
 
     from ..core_waits import waiting_name
 
-    def steps(rank: int, name: str, less_collectives: bool) -> list[float]:
+    def steps(rank: int, name: str) -> list[float]:
         spans = [s for s in timeline if s.rank == rank]
         forwards = sorted((s for s in spans if s.name == f"{name} forward"), key=lambda s: s.start)
         backwards = sorted((s for s in spans if s.name == f"{name} backward"),
@@ -162,7 +162,7 @@ def tp_operator(timeline, skip: int = 2) -> float:
                                "to measure tensor parallelism's operators from")
         carved = {s.start: s.end for s in spans if s.name == waiting_name(f"{name} backward")}
         collectives = [s for s in spans if s.name.startswith("all_reduce")
-                       and s.start >= forwards[0].start] if less_collectives else []
+                       and s.start >= forwards[0].start]        # none in an unsliced step
         pairs = list(zip(forwards, backwards))
         out = []
         for f, b in pairs[skip:] if len(pairs) > skip else pairs:
@@ -170,6 +170,6 @@ def tp_operator(timeline, skip: int = 2) -> float:
             out.append((end - f.start) - sum(c.duration for c in collectives
                                              if f.start <= c.start and c.end <= end))
         return out
-    sliced = [t for r in (0, 1) for t in steps(r, "sliced", True)]
-    unsliced = [t for r in (0, 1) for t in steps(r, "unsliced", False)]
+    sliced = [t for r in (0, 1) for t in steps(r, "sliced")]
+    unsliced = [t for r in (0, 1) for t in steps(r, "unsliced")]
     return max((statistics.median(sliced) - statistics.median(unsliced)) / 2, 0.0)

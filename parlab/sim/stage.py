@@ -42,6 +42,7 @@ class Mesh:
         self.wake = getattr(cluster, "wake_latency_s", 0.0)
         self.wake_curve = getattr(cluster, "wake_curve", ())
         self.handoff = getattr(cluster, "handoff_s", ()) or (0.0, 0.0)
+        self.tp_operator = getattr(cluster, "tp_operator_s", 0.0)
         self.cores = getattr(cluster, "cores", 0)
         self.spread = (getattr(cluster, "message_spread_s", ()),
                        getattr(cluster, "collective_spread_s", ()))
@@ -99,7 +100,7 @@ class Stage:
         function that calls it, resuming after it; nothing on the presets): lab 03's ranks
         computed 0.2-0.4 ms longer after each collective than its layers predicted."""
         ops = [Collective(group, nbytes, seconds, what, "tp")]
-        operator = getattr(self.mesh.cluster, "tp_operator_s", 0.0)
+        operator = self.mesh.tp_operator
         return ops + [Compute(name, operator)] if operator > 0 else ops
 
     def _layer_forward(self, name: str, i: int, k: int, batch: float, group: tuple) -> list:
