@@ -684,19 +684,26 @@ def test_a_one_pass_collective_meets_the_all_reduces_strays_half_as_often():
         (), (4e-3,))).spans]                                   # seeded: the same again
 
 
-def test_a_one_pass_collective_pays_half_the_wake_up_at_its_start():
+def test_a_one_pass_collective_pays_no_wake_up_at_its_start_where_the_ranks_fit_the_cores():
     """Every collective waits one wake-up after its last member arrives (one member
-    blocked), except back to back where the ranks fit the cores; a one-pass one, half."""
+    blocked), except back to back or in one pass where the ranks fit the cores (an
+    all-gather meets only its half of the strays); oversubscribed, a one-pass one, half."""
     from parlab.sim.engine import Collective, Compute, run
-    for name, wake in (("all-reduce", 4e-4), ("all-gather", 2e-4), ("reduce-scatter", 2e-4)):
+    for name, wake in (("all-reduce", 4e-4), ("all-gather", 0.0), ("reduce-scatter", 0.0)):
         progs = [[Compute("forward", 1e-3), Collective((0, 1), 100, 1e-3, name)]] * 2
         tl = run(progs, wake_s=4e-4, cores=2)
         waits = [s.duration for s in tl.spans if s.kind == "wait" and s.rank == 0]
-        assert waits == [pytest.approx(wake)], name
+        assert waits == ([pytest.approx(wake)] if wake else []), name
         assert tl.duration == pytest.approx(2e-3 + wake)
-    back_to_back = [[Collective((0, 1), 100, 1e-3, "all-gather")] * 2] * 2
+    back_to_back = [[Collective((0, 1), 100, 1e-3, "all-reduce")] * 2] * 2
     tl = run(back_to_back, wake_s=4e-4, cores=2)
-    assert tl.duration == pytest.approx(2e-3 + 2e-4)        # the first only
+    assert tl.duration == pytest.approx(2e-3 + 4e-4)        # the first only
+    def start_wait(name):                                    # 2 ranks on 1 core
+        progs = [[Compute("forward", 1e-3), Collective((0, 1), 100, 1e-3, name)]] * 2
+        return [s.duration for s in run(progs, wake_s=4e-4, cores=1).spans
+                if s.kind == "wait" and s.rank == 0][0]
+    assert start_wait("all-gather") == pytest.approx(start_wait("all-reduce") / 2)
+    assert start_wait("all-reduce") == pytest.approx(2 * 4e-4)   # queued behind 2 per core
 
 
 def test_the_strays_of_a_sweep_are_each_message_less_its_price():

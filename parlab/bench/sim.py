@@ -43,8 +43,9 @@ SIM_PIPELINE_SIZES = (64, 256, 256, 256, 256, 256, 256, 10)     # lab 04: deeper
 # 15 % went 0.62 -> 0.87 from five rounds of eleven calibrations to nine of four, the
 # same with nine of six, 0.76 with seven of six; a calibration takes 4-7 s, a launch 1 s.
 # Since lab 03's operators are calibrated: 8 and 7 of 8 in two runs; with a one-pass
-# collective's half wake-up too, 8 of 8 in seven runs of nine, 7 in the other two:
-# README, "Against this machine")
+# collective's half wake-up too, 8 of 8 in seven runs of nine, 7 in the other two; with
+# none where the ranks fit the cores, 8 of 8 in seven runs of ten, GPipe low in the other
+# three: README, "Against this machine")
 ROUNDS = 9
 STEP_TOLERANCE = 0.15                     # the targets: step time within 15 %,
 SHARE_TOLERANCE = 0.05                    # bubble and wait shares within 0.05

@@ -50,11 +50,10 @@ predicted step that priced each at its typical (median) time misses the slow one
 step of ten messages rarely avoids, and one priced at their mean charges a step of two
 messages for stalls it seldom meets. Given the measured strays (``Cluster.
 message_spread_s``, ``collective_spread_s``: each measured message's time less its
-price), the engine adds to every message and collective (to half the one-pass ones,
-which also pay half the wake-up: ``_collective_start``) one of them, drawn at random
-(seeded), once per message, so that each predicted step meets stalls as often as a
-measured one; the median of many predicted steps then reads as the median measured step
-does (resampling the measured strays: the bootstrap, Efron 1979).
+price), the engine adds to every message and collective (to half the one-pass ones:
+``_collective_start``) one of them, drawn at random (seeded), once per message, so that
+each predicted step meets stalls as often as a measured one; the median of many predicted
+steps then reads as the median measured step does (the bootstrap, Efron 1979).
 
 ``cores``: simulated devices on a CPU share its cores. When more ranks compute at once
 than there are cores, each computes at cores / computing of its speed (processor
@@ -416,13 +415,14 @@ class Engine:
     def _collective_start(self, ready, back_to_back: bool = False, passes: int = 2) -> float:
         """When the last member is there, plus one wake-up: the members never arrive
         together (their computes differ by a little, and on a busy CPU each is descheduled
-        at random), so one always blocked. Except for collectives run back to back where
-        the ranks fit the cores: its members left the one before together and reach this
-        one together, none blocking (measured, lab 05 by hand: its eight all-reduces a step
-        waited 2-20 us each for the peer, where DDP's one after the backward pass waited
-        up to 1.5 ms). A one-pass collective pays half, as it draws half the strays (lab 03
-        naive, ten launches: all-gathers took 0.30-0.55x all-reduces' time past price)."""
-        if back_to_back and self.over <= 1.0:
+        at random), so one always blocked. Not where the ranks fit the cores, back to back
+        (the members left the one before together; lab 05 by hand: its eight all-reduces a
+        step waited 2-20 us each for the peer, DDP's one up to 1.5 ms) or in one pass: half
+        the strays are all an all-gather meets (lab 03 naive, 27 launches: past its price by
+        -0.13 ms at the median, 0.32 ms on the mean; half the strays give 0.43, with half a
+        wake-up 0.69; its all-reduces 1.07 ms, a wake-up and the strays 1.38). Oversubscribed,
+        a one-pass collective pays half."""
+        if self.over <= 1.0 and (back_to_back or passes < 2):
             return max(ready)
         return max(ready) + self.wake * passes / 2
 
