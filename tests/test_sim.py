@@ -689,9 +689,11 @@ def test_a_one_pass_collective_pays_no_wake_up_at_its_start_where_the_ranks_fit_
     blocked), except back to back or in one pass where the ranks fit the cores (an
     all-gather meets only its half of the strays); oversubscribed, a one-pass one, half."""
     from parlab.sim.engine import Collective, Compute, run
+
+    def pair(name):                     # both ranks compute 1 ms, then meet in ``name``
+        return [[Compute("forward", 1e-3), Collective((0, 1), 100, 1e-3, name)]] * 2
     for name, wake in (("all-reduce", 4e-4), ("all-gather", 0.0), ("reduce-scatter", 0.0)):
-        progs = [[Compute("forward", 1e-3), Collective((0, 1), 100, 1e-3, name)]] * 2
-        tl = run(progs, wake_s=4e-4, cores=2)
+        tl = run(pair(name), wake_s=4e-4, cores=2)
         waits = [s.duration for s in tl.spans if s.kind == "wait" and s.rank == 0]
         assert waits == ([pytest.approx(wake)] if wake else []), name
         assert tl.duration == pytest.approx(2e-3 + wake)
@@ -699,8 +701,7 @@ def test_a_one_pass_collective_pays_no_wake_up_at_its_start_where_the_ranks_fit_
     tl = run(back_to_back, wake_s=4e-4, cores=2)
     assert tl.duration == pytest.approx(2e-3 + 4e-4)        # the first only
     def start_wait(name):                                    # 2 ranks on 1 core
-        progs = [[Compute("forward", 1e-3), Collective((0, 1), 100, 1e-3, name)]] * 2
-        return [s.duration for s in run(progs, wake_s=4e-4, cores=1).spans
+        return [s.duration for s in run(pair(name), wake_s=4e-4, cores=1).spans
                 if s.kind == "wait" and s.rank == 0][0]
     assert start_wait("all-gather") == pytest.approx(start_wait("all-reduce") / 2)
     assert start_wait("all-reduce") == pytest.approx(2 * 4e-4)   # queued behind 2 per core
