@@ -101,6 +101,8 @@ def test_this_machine_is_calibrated_back_to_back_and_between_messages(no_leftove
     assert 0 <= forward < 0.05 and 0 <= backward < 0.05
     # and what lab 03's operators cost around a collective inside a pass
     assert 0 <= cluster.tp_operator_s < 0.05
+    # and the share of a pinned rank's isends that waited for its compute: a share
+    assert 0 <= cluster.held_send_share <= 1
     # one stray per measured message: what it took beyond the link's price
     sends = [r for r in here["links"] if r["op"] == "send_recv"]
     assert len(cluster.message_spread_s) == sum(r["repeats"] for r in sends)

@@ -707,6 +707,47 @@ def test_a_one_pass_collective_pays_no_wake_up_at_its_start_where_the_ranks_fit_
     assert start_wait("all-reduce") == pytest.approx(2 * 4e-4)   # queued behind 2 per core
 
 
+def test_an_isend_leaves_late_by_the_held_share_of_what_its_rank_computes_before_it_blocks():
+    """gloo's thread that writes an isend shares its pinned rank's core: in a measured
+    share of the sends it waits for the rank's compute after the post to end. The engine
+    delays the data by that share of the compute (further isends do not stop the count; a
+    receive, which may block, does); a blocking send, and a held share of 0, not at all."""
+    from parlab.sim.engine import Compute, Recv, Send, held_s, run
+    isend = Send(1, 100, 1e-3)
+
+    def received_at(first, held, then=()):          # when rank 1's receive ends
+        tl = run([first, [Recv(0, 100), *then]], held=held)
+        return min(s.end for s in tl.spans if s.rank == 1 and s.kind == "comm")
+    computing = [isend, Compute("forward", 4e-3), Send(1, 100, 1e-3), Compute("f", 2e-3),
+                 Recv(1, 100), Compute("backward", 8e-3)]
+    assert held_s(0.25, computing, 0) == pytest.approx(0.25 * 6e-3)
+    assert held_s(0.25, computing, 2) == pytest.approx(0.25 * 2e-3)
+    assert held_s(0.0, computing, 0) == 0.0
+    assert received_at(computing[:2], 0.25) == pytest.approx(1e-3 + 1e-3)
+    assert received_at(computing[:2], 0.0) == pytest.approx(1e-3)
+    assert received_at([isend, Recv(1, 100), Compute("f", 4e-3)], 0.25,
+                       then=[Send(0, 100, 1e-3)]) == pytest.approx(1e-3)   # a receive next
+    blocking = Send(1, 100, 1e-3, blocking=True)
+    assert received_at([blocking, Compute("forward", 4e-3)], 0.25) == pytest.approx(1e-3)
+    # the cluster carries the measured share to every strategy's engine
+    assert _free_cluster(held_send_share=0.25).held_send_share == 0.25
+    for bad in (-0.1, 1.5, float("nan"), "a quarter"):
+        with pytest.raises(ValueError, match="held_send_share"):
+            _free_cluster(held_send_share=bad)
+
+
+def test_a_gpipe_stage_s_isends_are_held_where_1f1b_s_are_not():
+    """GPipe's stages send each micro-batch and compute the next (held); 1F1B's last
+    stage sends a gradient and then waits for the next activation (not held): a held
+    share lengthens GPipe's predicted step more than 1F1B's."""
+    net, costs = _even(4)
+    def step(schedule, held):
+        return sim.pipeline(net, _free_cluster(held_send_share=held), 64, stages=2,
+                            micro_batches=4, schedule=schedule, costs=costs).step_s
+    gpipe, one_f_one_b = (step(s, 0.25) - step(s, 0.0) for s in ("gpipe", "1f1b"))
+    assert gpipe > one_f_one_b >= 0 and gpipe > 0
+
+
 def test_the_strays_of_a_sweep_are_each_message_less_its_price():
     from parlab.sim import calibrate
     link = sim.Link(1e-4, 1e9)

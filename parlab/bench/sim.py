@@ -45,7 +45,8 @@ SIM_PIPELINE_SIZES = (64, 256, 256, 256, 256, 256, 256, 10)     # lab 04: deeper
 # Since lab 03's operators are calibrated: 8 and 7 of 8 in two runs; with a one-pass
 # collective's half wake-up too, 8 of 8 in seven runs of nine, 7 in the other two; with
 # none where the ranks fit the cores, 8 of 8 in seven runs of ten, GPipe low in the other
-# three: README, "Against this machine")
+# three; with an isend held by its sender's compute, 8 of 8 in ten runs of ten: README,
+# "Against this machine")
 ROUNDS = 9
 STEP_TOLERANCE = 0.15                     # the targets: step time within 15 %,
 SHARE_TOLERANCE = 0.05                    # bubble and wait shares within 0.05
@@ -390,6 +391,7 @@ def _calibration_line(k: int, measured: dict) -> str:
                f"{c.ddp_wrapper_s[1] * 1e3:.2f} ms to a backward" if c.ddp_wrapper_s else "")
     operators = (f", lab 03's operators cost {c.tp_operator_s * 1e3:.2f} ms around each "
                  "collective" if c.tp_operator_s else "")
+    operators += f", {c.held_send_share:.0%} of pinned isends held by their sender's compute"
     return (f"round {k + 1}: calibrated {len(measured['calibrations'])} times, the first "
             f"(fixed part {costs.fixed_s * 1e6:.0f} us per layer pass, each pass's call {calls} us "
             f"(forward/backward/update, between messages), link {c.intra}, collective "

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from ..launcher import launch
-from ..torch.calibrate import (CALIBRATION_MESSAGES, LONG_BLOCK_S, SHORT_BLOCK_S,
-                               calibration_ranks)
+from ..torch.calibrate import (CALIBRATION_MESSAGES, HELD_COMPUTE_S, LONG_BLOCK_S,
+                               SHORT_BLOCK_S, calibration_ranks)
 
 
 def measure_this_machine(sizes=(64, 256, 256, 128, 10), *, batches=(32, 128), fit_batches=None,
@@ -19,7 +19,8 @@ def measure_this_machine(sizes=(64, 256, 256, 128, 10), *, batches=(32, 128), fi
     costs whatever its layers (``Measured.call_s``, timed on a one-layer network), and what
     a DDP bucket's all-reduce costs its rank before it starts and after it ends
     (``handoff_s``), what DDP's wrapper adds to a step's passes (``ddp_wrapper_s``), and
-    what lab 03's operators cost around each collective inside a pass (``tp_operator_s``).
+    what lab 03's operators cost around each collective inside a pass (``tp_operator_s``),
+    and how often a pinned rank's isend waited for its compute (``held_send_share``).
     Returns {"cluster": a ``sim.Cluster`` of ``devices`` simulated devices
     sharing this machine's cores, with the measured link and collective overhead
     (``sim.measured_link``: medians) and how far each measured message strayed from them
@@ -77,6 +78,7 @@ def measure_this_machine(sizes=(64, 256, 256, 128, 10), *, batches=(32, 128), fi
         return max(statistics.median(late) - link.time(8), 0.0)
     wake = late_beyond_the_message("wake")
     curve = ((SHORT_BLOCK_S, late_beyond_the_message("wake_short")), (LONG_BLOCK_S, wake))
+    held = held_share(res.results[0]["held"])
     handoff = bucket_handoff(res.timeline, lane=2)     # rank 0's lane: world size + rank
     wrapper = ddp_wrapper(res.timeline)
     operators = tp_operator(res.timeline)
@@ -84,11 +86,22 @@ def measure_this_machine(sizes=(64, 256, 256, 128, 10), *, batches=(32, 128), fi
     flops = 3 * max(fit) * sum(layer.flops for layer in net.layers) / sum(per_pass)
     cluster = sim.Cluster("this machine (measured)", devices, 8e9, flops, costs.fixed_s, devices,
                           link, link, overhead, wake_latency_s=wake, wake_curve=curve,
-                          handoff_s=handoff, ddp_wrapper_s=wrapper, tp_operator_s=operators,
+                          handoff_s=handoff, held_send_share=held, ddp_wrapper_s=wrapper,
+                          tp_operator_s=operators,
                           cores=os.cpu_count() or 1,
                           message_spread_s=p2p_spread, collective_spread_s=collective_spread)
     return {"cluster": cluster, "costs": costs, "costs_between_messages": between,
             "timelines": timelines, "timelines_between_messages": woken, "links": records}
+
+
+def held_share(receives: list[float], compute_s: float = HELD_COMPUTE_S) -> float:
+    """The share of ``torch.calibrate.held_sends``' receives that took over half the
+    sender's compute after its post: their data left only once that compute ended (the
+    rest took 0.1-0.3 ms here; a message's own time is far below half of 3 ms)."""
+    if not receives:
+        raise RuntimeError("the calibration measured no isend (held_sends): nothing to "
+                           "measure the held share from")
+    return sum(r > compute_s / 2 for r in receives) / len(receives)
 
 
 def bucket_handoff(timeline, lane: int) -> tuple[float, float]:

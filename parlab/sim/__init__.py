@@ -62,7 +62,9 @@ collective (2(n - 1) of them, each a blocking receive in gloo) pays one more wak
 (``engine.oversubscription``, ``engine.ring_wakeups_s``): why a message costs far more
 among computing ranks than an idle ping-pong sweep measures. A message needs cores too
 (gloo moves it on a thread at each end): one that starts while ranks compute shares the
-cores with them. DDP's bucket all-reduce starts a little after its last gradient and
+cores with them, and an isend's thread must take its pinned rank's core from the rank's
+compute, which it often does only when the rank next blocks (``Cluster.held_send_share``,
+measured; ``shared_cores.held_s``). DDP's bucket all-reduce starts a little after its last gradient and
 reaches its rank a little after it ends (``Cluster.handoff_s``, measured on lab 05's
 hook), and DDP's wrapper adds its hooks to each step's forward and backward
 (``Cluster.ddp_wrapper_s``, measured). A tensor-parallel collective inside a pass costs

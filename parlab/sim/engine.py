@@ -18,19 +18,19 @@ blocks). On a GPU, where NCCL spins, it is 0. ``wake_curve``: how late a receive
 grows with how long it blocked (measured here, beyond the message's own time: 0-0.3 ms
 after a block of 2 ms in most calibrations, 0.3-0.65 ms after 20 ms; the longer a
 processor sleeps, the more it has to wake from, and the sweep's price already holds a
-short block's wake-up): given
-measured points (seconds blocked, seconds late), a receive that blocked ``b`` resumes
-late by the straight line through them at ``b`` (from nothing at no block, flat after
-the last point); ``wake_s`` then serves only the collectives, whose members' blocks the
-engine does not follow.
+short block's wake-up): given measured points (seconds blocked, seconds late), a
+receive that blocked ``b`` resumes late by the straight line through them at ``b`` (from
+nothing at no block, flat after the last point); ``wake_s`` then serves only the
+collectives, whose members' blocks the engine does not follow.
 
 ``handoff``: a background collective is not the whole of what its rank waits for. DDP
 copies the last gradients into the bucket and calls its hook before the all-reduce
-starts; after it ends, the hook divides and copies the result back, DDP hands it to the
-gradients and wakes the thread waiting in ``backward()``. Measured here on lab 05's MLP:
-0.05-0.07 ms to the post and 0.3-0.5 ms after, beside an all-reduce of 1-4 ms (calibrated:
-``Cluster.handoff_s``). A background collective starts ``before`` after its last member
-posts it (and a wake-up), and a ``Join`` ends ``after`` after the last one it waits for.
+starts; after it ends, the hook divides and copies the result back and wakes the thread
+waiting in ``backward()``. Measured here on lab 05's MLP: 0.05-0.07 ms to the post and
+0.3-0.5 ms after (calibrated: ``Cluster.handoff_s``). A background collective starts
+``before`` after its last member posts it (and a wake-up), and a ``Join`` ends ``after``
+after the last one it waits for. ``held``: an isend leaves on its rank's own gloo thread,
+which may wait for the core until the rank next blocks (``shared_cores.held_s``).
 
 ``oversubscribed``: with more runnable threads than cores (ranks, plus DDP's
 communication thread on a rank whose background lane runs beside its compute:
@@ -77,7 +77,7 @@ from dataclasses import dataclass
 
 from ..trace import COMM, COMPUTE, WAIT, Span, Timeline
 from .checks import amount
-from .shared_cores import oversubscription, ring_wakeups_s, wake_after  # noqa: F401 (engine.*)
+from .shared_cores import held_s, oversubscription, ring_wakeups_s, wake_after  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -182,18 +182,16 @@ class PredictedTimeline(Timeline):
 def run(programs: list[list], labels: dict | None = None, *, steps: int = 1,
         notes: dict | None = None, wake_s: float = 0.0, cores: int = 0,
         spread: tuple = ((), ()), wake_curve: tuple = (),
-        handoff: tuple = (0.0, 0.0)) -> PredictedTimeline:
+        handoff: tuple = (0.0, 0.0), held: float = 0.0) -> PredictedTimeline:
     """Every rank's program on one clock, as a predicted timeline (see the module doc).
 
-    cores: how many processors the ranks share (0: each rank has its own, as GPUs do).
-    With fewer cores than ranks computing at once, each computes at cores / computing
-    of its speed (the operating system shares them fairly: processor sharing).
+    cores: the processors the ranks share, processor sharing (0: each its own, as GPUs).
     spread: (point-to-point strays, collective strays) in seconds, drawn from per message.
     wake_curve: ((seconds blocked, seconds late), ...) measured: a blocked receive's wake-up.
-    handoff: (before, after) seconds: a background collective starts ``before`` after its
-    last member posts it, and a ``Join`` ends ``after`` after the collective it waits for.
+    handoff: (before, after) seconds around a background collective (the module doc).
+    held: the share of isends whose data waits for the sender to block (``held_s``).
     """
-    sim = Engine(programs, wake_s, cores, spread, wake_curve, handoff)
+    sim = Engine(programs, wake_s, cores, spread, wake_curve, handoff, held)
     sim.run()
     return PredictedTimeline(merge_compute(sim.spans), labels,
                              range(len(programs)) if labels is None else None,
@@ -210,8 +208,8 @@ class Engine:
 
     def __init__(self, programs, wake_s: float = 0.0, cores: int = 0,
                  spread: tuple = ((), ()), wake_curve: tuple = (),
-                 handoff: tuple = (0.0, 0.0)):
-        self.programs = programs
+                 handoff: tuple = (0.0, 0.0), held: float = 0.0):
+        self.programs, self.held = programs, held
         self.wake_s, self.cores = wake_s, cores
         self.wake_curve = tuple(sorted(wake_curve))
         self.handoff_before, self.handoff_after = handoff
@@ -318,9 +316,11 @@ class Engine:
 
     def _send(self, r, op: Send):
         key = (r, op.peer, self._number(r, self.pairs, (r, op.peer, "s")))
-        self.sends.setdefault(key, (self.now, op))
-        if not op.blocking:
+        if not op.blocking:     # its data leaves when the rank's gloo thread gets the core
+            self.sends.setdefault(key, (self.now + held_s(self.held, self.programs[r],
+                                                          self.pos[r]), op))
             return True
+        self.sends.setdefault(key, (self.now, op))
         if key not in self.recvs:
             return None
         return self._transfer(r, op.name, max(self.arrived_at[r], self.recvs[key]), op, op.peer,

@@ -71,6 +71,10 @@ class Cluster:
     # reaches the waiting rank this long after it ends (copied back, the thread woken);
     # empty: neither (sim.engine)
     handoff_s: tuple = ()
+    # measured: the share of isends whose data waited for its sender's core until the
+    # sender blocked (its gloo thread shares the pinned core); 0: none (the presets).
+    # sim.shared_cores.held_s
+    held_send_share: float = 0.0
     # measured (forward, backward): what a data-parallel wrapper (DDP) adds to a step's
     # passes beyond the model's own work: its forward hooks (the reducer's preparation)
     # and its gradient hooks (each gradient marked ready, copied into its bucket); paid by
@@ -115,6 +119,10 @@ class Cluster:
                 for p in self.wake_curve):
             raise ValueError(f"{owner}: wake_curve must be a tuple of (seconds blocked, seconds "
                              f"late) pairs, both >= 0, got {self.wake_curve!r}")
+        if not (isinstance(self.held_send_share, (int, float))
+                and 0.0 <= self.held_send_share <= 1.0):
+            raise ValueError(f"{owner}: held_send_share is a share of the sends, from 0 to 1, "
+                             f"got {self.held_send_share!r}")
         for name, pair in (("handoff_s", "seconds before, seconds after"),
                            ("ddp_wrapper_s", "forward seconds, backward seconds")):
             value = getattr(self, name)

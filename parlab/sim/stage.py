@@ -42,6 +42,7 @@ class Mesh:
         self.wake = getattr(cluster, "wake_latency_s", 0.0)
         self.wake_curve = getattr(cluster, "wake_curve", ())
         self.handoff = getattr(cluster, "handoff_s", ()) or (0.0, 0.0)
+        self.held = getattr(cluster, "held_send_share", 0.0)
         self.tp_operator = getattr(cluster, "tp_operator_s", 0.0)
         self.cores = getattr(cluster, "cores", 0)
         self.spread = (getattr(cluster, "message_spread_s", ()),
@@ -50,7 +51,7 @@ class Mesh:
     def engine_settings(self) -> dict:
         """What the engine takes from the cluster (``engine.run``, ``engine.Engine``)."""
         return {"wake_s": self.wake, "cores": self.cores, "spread": self.spread,
-                "wake_curve": self.wake_curve, "handoff": self.handoff}
+                "wake_curve": self.wake_curve, "handoff": self.handoff, "held": self.held}
 
     def rank(self, d: int, s: int, t: int) -> int:
         return (d * self.pp + s) * self.tp + t

@@ -2,6 +2,8 @@
 launches it): message times, how late a woken rank resumes, and a step's phases."""
 from __future__ import annotations
 
+import contextlib
+
 
 def network_of(model, sample_shape, *, name: str | None = None):
     """The cost model's view (``sim.Network``) of a PyTorch ``nn.Sequential``: one layer
@@ -47,7 +49,8 @@ def calibration_ranks(rank: int, world_size: int, sizes, batches, steps: int,
 
     The sweep (``bandwidth.sweep``: half a ping-pong, and two-rank all-reduces) comes
     first, then how late a receiver that blocked resumes, after 20 ms ("wake") and after
-    ``SHORT_BLOCK_S`` ("wake_short"). Then rank 0 trains the MLP for ``steps`` steps at
+    ``SHORT_BLOCK_S`` ("wake_short"), and how often an isend waits for its sender's
+    compute ("held", ``held_sends``). Then rank 0 trains the MLP for ``steps`` steps at
     each batch size, the sizes taking turns ("forward", "backward", "update" spans), and
     a network of one tiny layer after each turn ("call forward", ...: what a pass costs
     with next to no layer), twice: back to back, as lab 01 runs, and with a small
@@ -60,6 +63,7 @@ def calibration_ranks(rank: int, world_size: int, sizes, batches, steps: int,
     links = bandwidth.sweep(rank, world_size, sizes=messages, ops=("send_recv", "all_reduce"))
     wake = wake_times(rank, repeats=40)
     wake_short = wake_times(rank, repeats=40, sleep_s=SHORT_BLOCK_S)
+    held = held_sends(rank)
     comm.barrier(name="calibration")
     calibration_steps(rank, sizes, batches, steps, between_messages=False)
     comm.barrier(name="calibration")
@@ -69,7 +73,7 @@ def calibration_ranks(rank: int, world_size: int, sizes, batches, steps: int,
     comm.barrier(name="calibration")
     tp_operators(sizes, steps)
     comm.barrier(name="calibration")
-    return {"links": links, "wake": wake, "wake_short": wake_short}
+    return {"links": links, "wake": wake, "wake_short": wake_short, "held": held}
 
 
 SHORT_BLOCK_S = 0.002    # a short block: a pipeline's or lab 02's receives block 1-2 ms
@@ -163,6 +167,63 @@ def wake_times(rank: int, repeats: int, sleep_s: float = LONG_BLOCK_S) -> list[f
             comm.recv(buf, 0)
             out.append(time.perf_counter())
     return out
+
+
+HELD_COMPUTE_S = 0.003      # the sender computes this long after posting its message
+HELD_MESSAGE_BYTES = 65536  # a lab 04 micro-batch's activation (64 x 256 floats)
+
+
+def held_sends(rank: int, repeats: int = 60) -> list[float]:
+    """Rank 0: how long each of its receives took, posted before rank 1's isend of
+    ``HELD_MESSAGE_BYTES``, rank 1 computing ``HELD_COMPUTE_S`` right after posting it.
+
+    gloo writes the message on the sender's communication thread; a pinned rank's
+    thread must take its core from the computing main thread, and here it often did not
+    until that compute ended (``sim.shared_cores.held_s``): a receive that took over half
+    the compute waited for it (``course.calibrate.held_share``). Each rank's threads are
+    pinned to a core of its own while this runs, as labs 03, 04 and 07 pin their ranks.
+    """
+    import time
+
+    import torch
+
+    from . import comm
+    buf, work, out = torch.zeros(HELD_MESSAGE_BYTES // 4), torch.randn(128, 128), []
+    with _threads_pinned(rank):
+        for _ in range(repeats):
+            comm.barrier(name="calibration")
+            if rank == 1:
+                pending = comm.isend(buf, 0)
+                start = time.perf_counter()
+                while time.perf_counter() - start < HELD_COMPUTE_S:
+                    work @ work
+                comm.wait_all([pending])
+            elif rank == 0:
+                start = time.perf_counter()
+                comm.recv(buf, 1)
+                out.append(time.perf_counter() - start)
+    return out
+
+
+@contextlib.contextmanager
+def _threads_pinned(rank: int):
+    """Every thread of this process on one core (the rank's among those it may use),
+    each thread's own setting back afterwards."""
+    import os
+    cores = sorted(os.sched_getaffinity(0))
+    before = {}
+    for tid in map(int, os.listdir("/proc/self/task")):
+        try:
+            before[tid] = os.sched_getaffinity(tid)
+            os.sched_setaffinity(tid, {cores[rank % len(cores)]})
+        except OSError:             # the thread ended meanwhile
+            before.pop(tid, None)
+    try:
+        yield
+    finally:
+        for tid, allowed in before.items():
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, allowed)
 
 
 def bucket_handoffs(rank: int, world_size: int, sizes, steps: int, batch: int = 64) -> None:
