@@ -101,8 +101,9 @@ def test_this_machine_is_calibrated_back_to_back_and_between_messages(no_leftove
     assert 0 <= forward < 0.05 and 0 <= backward < 0.05
     # and what lab 03's operators cost around a collective inside a pass
     assert 0 <= cluster.tp_operator_s < 0.05
-    # and the share of a pinned rank's isends that waited for its compute: a share
-    assert 0 <= cluster.held_send_share <= 1
+    # and the share of a pinned rank's isends that waited for its compute: of 60 sends
+    held = cluster.held_send_share * 60
+    assert 0 <= held <= 60 and held == pytest.approx(round(held))
     # one stray per measured message: what it took beyond the link's price
     sends = [r for r in here["links"] if r["op"] == "send_recv"]
     assert len(cluster.message_spread_s) == sum(r["repeats"] for r in sends)
@@ -245,3 +246,13 @@ def test_shares_against_the_model_count_a_messages_core_wait_as_waiting():
     assert before["comm"] + before["idle"] == pytest.approx(0.3)
     assert after["comm"] + after["idle"] == pytest.approx(0.6)
     assert after["core_wait"] == pytest.approx(0.1)
+
+
+def test_an_isend_counts_as_held_where_its_receive_took_over_half_the_sender_s_compute():
+    from parlab.course.calibrate import held_share
+    from parlab.torch.calibrate import HELD_COMPUTE_S
+    assert HELD_COMPUTE_S == 0.003
+    assert held_share([2e-4, 2.9e-3, 1.6e-3, 1e-4]) == 0.5        # over 1.5 ms: held
+    assert held_share([2e-4, 1.4e-3]) == 0.0
+    with pytest.raises(RuntimeError, match="held_sends"):
+        held_share([])

@@ -731,7 +731,7 @@ def test_an_isend_leaves_late_by_the_held_share_of_what_its_rank_computes_before
     assert received_at([blocking, Compute("forward", 4e-3)], 0.25) == pytest.approx(1e-3)
     # the cluster carries the measured share to every strategy's engine
     assert _free_cluster(held_send_share=0.25).held_send_share == 0.25
-    for bad in (-0.1, 1.5, float("nan"), "a quarter"):
+    for bad in (-0.1, 1.5, float("nan"), "a quarter", True):
         with pytest.raises(ValueError, match="held_send_share"):
             _free_cluster(held_send_share=bad)
 

@@ -64,10 +64,10 @@ among computing ranks than an idle ping-pong sweep measures. A message needs cor
 (gloo moves it on a thread at each end): one that starts while ranks compute shares the
 cores with them, and an isend's thread must take its pinned rank's core from the rank's
 compute, which it often does only when the rank next blocks (``Cluster.held_send_share``,
-measured; ``shared_cores.held_s``). DDP's bucket all-reduce starts a little after its last gradient and
-reaches its rank a little after it ends (``Cluster.handoff_s``, measured on lab 05's
-hook), and DDP's wrapper adds its hooks to each step's forward and backward
-(``Cluster.ddp_wrapper_s``, measured). A tensor-parallel collective inside a pass costs
+measured; ``shared_cores.held_s``). DDP's bucket all-reduce starts a little after its
+last gradient and reaches its rank a little after it ends (``Cluster.handoff_s``,
+measured on lab 05's hook), and DDP's wrapper adds its hooks to each step's forward and
+backward (``Cluster.ddp_wrapper_s``, measured). A tensor-parallel collective inside a pass costs
 its rank the autograd function that calls it and a cold resume after it
 (``Cluster.tp_operator_s``, measured on lab 03's column-then-row pair). And a measured
 machine's messages stray from their price (``Cluster.message_spread_s``,

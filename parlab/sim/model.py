@@ -120,6 +120,7 @@ class Cluster:
             raise ValueError(f"{owner}: wake_curve must be a tuple of (seconds blocked, seconds "
                              f"late) pairs, both >= 0, got {self.wake_curve!r}")
         if not (isinstance(self.held_send_share, (int, float))
+                and not isinstance(self.held_send_share, bool)
                 and 0.0 <= self.held_send_share <= 1.0):
             raise ValueError(f"{owner}: held_send_share is a share of the sends, from 0 to 1, "
                              f"got {self.held_send_share!r}")
