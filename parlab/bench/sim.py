@@ -391,12 +391,13 @@ def _calibration_line(k: int, measured: dict) -> str:
                f"{c.ddp_wrapper_s[1] * 1e3:.2f} ms to a backward" if c.ddp_wrapper_s else "")
     operators = (f", lab 03's operators cost {c.tp_operator_s * 1e3:.2f} ms around each "
                  "collective" if c.tp_operator_s else "")
-    operators += f", {c.held_send_share:.0%} of pinned isends held by their sender's compute"
+    held = f", {c.held_send_share:.0%} of pinned isends held by their sender's compute"
     return (f"round {k + 1}: calibrated {len(measured['calibrations'])} times, the first "
             f"(fixed part {costs.fixed_s * 1e6:.0f} us per layer pass, each pass's call {calls} us "
             f"(forward/backward/update, between messages), link {c.intra}, collective "
             f"overhead {c.collective_overhead_s * 1e3:.2f} ms, a rank blocked 20 ms resumes "
-            f"{c.wake_latency_s * 1e3:.2f} ms late{short}{bucket}{wrapper}{operators}{slow}); "
+            f"{c.wake_latency_s * 1e3:.2f} ms late{short}{bucket}{wrapper}{operators}{held}"
+            f"{slow}); "
             f"{os.cpu_count()} cores, load average {measured['load']}")
 
 
