@@ -139,6 +139,7 @@ def main(spec: RankSpec, conn) -> None:
     sys.stdout = _PrefixedStream(sys.stdout, f"[rank {spec.rank}] ")
     sys.stderr = _PrefixedStream(sys.stderr, f"[rank {spec.rank}] ")
     rec = trace.install(trace.Recorder(spec.rank))
+    rank_pid = os.getpid()
     ok = False
     try:
         import cloudpickle
@@ -158,16 +159,22 @@ def main(spec: RankSpec, conn) -> None:
             random.seed(spec.seed + spec.rank)
             to_plain = _identity
         conn.send(("started", spec.rank))
-        result = to_plain(fn(spec.rank, spec.world_size, *args, **kwargs))
+        result = fn(spec.rank, spec.world_size, *args, **kwargs)
+        if os.getpid() != rank_pid:
+            # a process the worker forked (os.fork) ran on to here: the rank's result is
+            # its own process's, so the copy leaves without a word
+            os._exit(0)
+        blob = _packed(to_plain, result)
         spans = [dataclasses.astuple(s) for s in rec.spans()]
-        blob = cloudpickle.dumps(result)
         del result
         conn.send(("result", spec.rank, blob, spans, time.time()))
         ok = True
         if pg is not None:
             runtime.finalize()
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the launcher
-        summary = f"{type(exc).__name__}: {exc}"
+        if os.getpid() != rank_pid:
+            os._exit(1)           # a forked copy's error is not the rank's (see above)
+        summary = f"{type(exc).__name__}: {_text(exc)}"
         if ok:
             summary = f"crashed while leaving the process group, after returning: {summary}"
         try:
@@ -187,3 +194,24 @@ def main(spec: RankSpec, conn) -> None:
 
 def _identity(x):
     return x
+
+
+def _text(exc: BaseException) -> str:
+    """``str(exc)``, or what went wrong making it: an exception whose ``__str__`` raises
+    must still reach the launcher with its type."""
+    try:
+        return str(exc)
+    except Exception as inner:  # noqa: BLE001
+        return f"(its message could not be made: str() raised {type(inner).__name__})"
+
+
+def _packed(to_plain, result) -> bytes:
+    """The worker's result, plain and pickled, or a clear error where it cannot be."""
+    import cloudpickle
+    try:
+        return cloudpickle.dumps(to_plain(result))
+    except RecursionError:
+        raise ValueError(
+            f"the worker's result ({type(result).__name__}) is nested too deeply, or contains "
+            "itself, to be sent back to the launcher: return plain data (numbers, arrays, "
+            "lists and dicts a few levels deep).") from None

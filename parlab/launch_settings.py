@@ -53,6 +53,33 @@ def check_other_settings(world_size, devices, process_group, env) -> None:
                             f"write env={{{str(key)!r}: {str(value)!r}}}.")
 
 
+def threads_asked(env) -> int | None:
+    """The threads per rank that ``env={"OMP_NUM_THREADS": ...}`` asks for, checked."""
+    value = (env or {}).get("OMP_NUM_THREADS")
+    if value is None:
+        return None
+    if not (value.strip().isdigit() and int(value) >= 1):
+        raise ValueError(f"env={{'OMP_NUM_THREADS': {value!r}}}: the threads each rank "
+                         "computes with must be a whole number, at least 1: write e.g. "
+                         "env={'OMP_NUM_THREADS': '2'}, or leave it out (one thread per "
+                         "simulated device).")
+    return int(value)
+
+
+def check_main_script() -> None:
+    """Refuse a script read from standard input: a rank's process re-imports the main
+    script from its file (multiprocessing's spawn and fork server both do), and
+    ``<stdin>`` is no file."""
+    import sys
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    if path is not None and path.startswith("<") and not os.path.exists(path):
+        raise RuntimeError(
+            f"this script was read from {path} (python - <<EOF, or a pipe): each rank's "
+            "process imports the main script again from its file, which it cannot do here. "
+            "Save the script to a file and run `python file.py`, or call parlab.launch "
+            "from a module you import.")
+
+
 def pinned_cores(world_size: int, pin_cores) -> list:
     """The cores each rank is pinned to, or None for each (not pinned).
 

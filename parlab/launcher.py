@@ -24,11 +24,11 @@ from multiprocessing.connection import wait
 from typing import Any, Callable, Sequence
 
 from . import _worker, starting
-from .errors import LaunchTimeout, TeardownWarning, WorkerError, counted
+from .errors import LaunchTimeout, TeardownWarning, WorkerError, _ranks, counted
 from .hardware import DeviceSet, cpu_count, devices as describe_devices
 from .launch_folder import LaunchFolder
-from .launch_settings import (check_other_settings, check_port, check_timeout, pack_worker,
-                              pinned_cores)
+from .launch_settings import (check_main_script, check_other_settings, check_port,
+                              check_timeout, pack_worker, pinned_cores, threads_asked)
 from .processes import LAUNCH_MARK, Guardian, group_has_live_member, stop_leftovers
 from .rank_exits import PidFd, describe_exit, exit_code, exit_handle
 from .rank_stacks import ask_for_stacks, death_report
@@ -77,7 +77,8 @@ def launch(fn: Callable, world_size: int, args: Sequence = (), *,
         user can enter, so a launch opens no port of its own.
     process_group: False starts plain processes with no torch process group (e.g. for
         TensorFlow workers).
-    env: extra environment variables for every rank.
+    env: extra environment variables for every rank; ``OMP_NUM_THREADS`` there sets the
+        threads each rank computes with (by default one per simulated device).
     pin_cores: True pins each rank to cores of its own among the c cores this process
         may use (``os.sched_setaffinity``; Linux only, else ignored): with more ranks
         than cores rank r gets core r mod c, otherwise c // n cores each. Where ranks
@@ -96,6 +97,8 @@ def launch(fn: Callable, world_size: int, args: Sequence = (), *,
     seed = counted(seed, "seed=", None, "pass e.g. seed=0.")
     check_port(port)
     check_other_settings(world_size, devices, process_group, env)
+    threads = threads_asked(env)
+    check_main_script()
     cores = pinned_cores(world_size, pin_cores)
     payload = pack_worker(fn, args, kwargs)
 
@@ -107,14 +110,19 @@ def launch(fn: Callable, world_size: int, args: Sequence = (), *,
         if devs.n != world_size:
             raise ValueError(f"devices describes {devs.n} devices but world_size is "
                              f"{world_size}: pass parlab.devices({world_size}).")
-    folder = LaunchFolder()
-    guardian = Guardian(mark)    # stops what the ranks started if this process is killed
+    folder = guardian = None
     procs, conns = [], []
     started = time.perf_counter()
     try:
+        # A Ctrl-C while these are made waits until both are recorded: the cleanup below
+        # then removes them (the folder's lock would otherwise live on with the traceback).
+        with _interrupts_held():
+            folder = LaunchFolder()
+            guardian = Guardian(mark)  # stops what the ranks started if we are killed
         pg = None
         if process_group:
             pg = _process_group_spec(folder.file("store"), world_size, devs, timeout)
+            pg["threads"] = threads or pg["threads"]
             rank_env.update(_framework_env(pg["threads"], devs))
         dump_paths = [folder.file(f"rank{r}.txt") for r in range(world_size)]
         forked = starting.uses_fork_server(process_group)
@@ -123,7 +131,7 @@ def launch(fn: Callable, world_size: int, args: Sequence = (), *,
                                   dump_paths[rank], state, cores[rank])
                  for rank in range(world_size)]
         _start_ranks(specs, procs, conns, guardian, starting.context(forked))
-        results, spans = _Collector(procs, conns, dump_paths, started, timeout).run()
+        results, spans = _Collector(procs, conns, dump_paths, started, timeout, forked).run()
     finally:
         # A second Ctrl-C during the cleanup waits until it is done (then it is delivered).
         with _interrupts_held():
@@ -131,8 +139,10 @@ def launch(fn: Callable, world_size: int, args: Sequence = (), *,
             stop_leftovers(mark)  # helpers that left their rank's group (a new session)
             for conn in conns:
                 conn.close()
-            folder.remove()
-            guardian.done()
+            if folder is not None:
+                folder.remove()
+            if guardian is not None:
+                guardian.done()
     labels = devs.labels() if devs else None
     timeline = Timeline([Span(*s) for s in spans], labels, range(world_size))
     return LaunchResult(results, timeline, devs, time.perf_counter() - started)
@@ -210,8 +220,10 @@ class _Collector:
     then its result or its error.
     """
 
-    def __init__(self, procs, conns, dump_paths, started: float, timeout: float):
+    def __init__(self, procs, conns, dump_paths, started: float, timeout: float,
+                 forked: bool = False):
         self.procs, self.conns, self.dump_paths = procs, conns, dump_paths
+        self.forked = forked
         self.world_size = len(procs)
         self.started, self.timeout = started, timeout
         self.results: dict[int, Any] = {}
@@ -275,7 +287,15 @@ class _Collector:
             self.startup_s[rank] = time.perf_counter() - self.started
         elif msg[0] == "result":
             import cloudpickle
-            self.results[rank] = cloudpickle.loads(msg[2])
+            try:
+                self.results[rank] = cloudpickle.loads(msg[2])
+            except Exception as exc:  # noqa: BLE001 - named for the rank that sent it
+                self.failures.append((msg[4], rank, (
+                    f"its result could not be rebuilt here ({type(exc).__name__}: {exc}): it "
+                    "holds an object of a module or class only the rank had; return plain "
+                    "data (numbers, arrays, lists, dicts), or import that module here too"),
+                    ""))
+                return
             self.spans.extend(msg[3])
         else:
             self.failures.append((msg[4], rank, msg[2], msg[3]))
@@ -289,8 +309,17 @@ class _Collector:
         # for a long while: the rank is done all the same, so stop waiting for the end.
         self.open_conns.pop(conn, None)
         reported = any(f[1] == rank for f in self.failures)
+        server = starting.fork_server_died() if self.forked and code == 255 else None
         if rank not in self.results and not reported:
-            self.failures.append((time.time(), rank, *death_report(code, self.dump_paths[rank])))
+            summary, tb = death_report(code, self.dump_paths[rank])
+            if server:
+                summary = (f"the fork server that starts the ranks died during the launch "
+                           f"({server}), and took its ranks along: memory ran out (the "
+                           "kernel's OOM killer picks large processes) or something killed "
+                           "it. The next launch starts a new one.")
+            self.failures.append((time.time(), rank, summary, tb))
+        elif server:
+            pass   # the rank's result is here; its exit code was lost with the fork server
         elif rank in self.results and code != 0 and not reported:
             self.failures.append((time.time(), rank,
                                   f"crashed after returning its result ({describe_exit(code)})",
@@ -299,6 +328,13 @@ class _Collector:
     def _error(self) -> WorkerError:
         self.failures.sort(key=lambda f: (bool(PEER_LOST.search(f[2])), f[0]))
         _, rank, summary, tb = self.failures[0]
+        done = sorted(r for r in self.results if self.procs[r].exitcode == 0)
+        if PEER_LOST.search(summary) and done:
+            # Nobody crashed: the peer had finished. Lab 09 teaches this bug.
+            summary += (f" ({_ranks(done)} had already returned {'its' if len(done) == 1 else 'their'}"
+                        f" result and exited normally: rank {rank} called a collective, send or "
+                        "receive that its peers never called; check that every rank makes the "
+                        "same calls, in the same order)")
         same = [r for _, r, s, _ in self.failures[1:] if s == summary]
         others = [f"rank {r}: {s.splitlines()[0] if s else s}"
                   for _, r, s, _ in self.failures[1:] if s != summary]
@@ -328,7 +364,17 @@ class _Collector:
             f"{self.timeout:g} s ran out, and {'was' if len(slow) == 1 else 'were'} stopped. "
             "The results are complete. A slow teardown usually means something the worker "
             "left behind: a thread, a process, or an object whose cleanup blocks."),
-            stacklevel=4)  # the caller of launch
+            stacklevel=_caller_level())
+
+
+def _caller_level() -> int:
+    """warnings' stacklevel of the first frame outside this module: the line that called
+    ``launch`` (counted from the frame that calls ``warnings.warn``)."""
+    import sys
+    frame, level = sys._getframe(2), 2        # _warn_slow_teardown's frame is level 1
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 # --------------------------------------------------------------------------- stacks

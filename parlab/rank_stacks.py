@@ -88,9 +88,22 @@ def ask_for_stacks(procs, ranks, dump_paths) -> dict[int, str]:
                          + (f"; its stack then: {where}" if where else ""))
         elif where:
             report[r] = "stack, most recent call first: " + where
+        elif _stopped(procs[r].pid):
+            report[r] = ("stopped by a signal (SIGSTOP, SIGTSTP) or a debugger: it was not "
+                         "running, so it could not tell where it was")
         else:
             report[r] = f"running the worker; its stack did not arrive within {DUMP_WAIT_S:g} s"
     return report
+
+
+def _stopped(pid: int) -> bool:
+    """Whether a process is stopped (state T, or t under a debugger), on Linux."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            state = fh.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in ("T", "t")
 
 
 def _wait_for_dumps(procs, ranks, dump_paths, sizes) -> None:
@@ -106,6 +119,34 @@ def _wait_for_dumps(procs, ranks, dump_paths, sizes) -> None:
             last[r] = size
 
 
+def _crashing_thread(dump: str) -> tuple[bool, list[str]]:
+    """(is it the main thread?, its frames innermost first) of the thread that took a
+    fatal signal: faulthandler's last "Fatal Python error" names it "Current thread"."""
+    fatal = dump.rfind("Fatal Python error")
+    lines = dump.splitlines()
+    main_id = lines[0].split()[1].lower() if lines and lines[0].startswith("main-thread ") else ""
+    frames, is_main = None, False
+    for line in dump[fatal:].splitlines() if fatal >= 0 else []:
+        text = line.strip()
+        header = re.match(r"Current thread (0x[0-9a-fA-F]+)", text)
+        if header:
+            frames, is_main = [], header.group(1).lower() == main_id
+        elif frames is not None and text.startswith("File "):
+            frames.append(text)
+        elif frames is not None and text:       # the next thread's header: done
+            break
+    return is_main, frames or []
+
+
+def crashed_in_library(remote_traceback: str) -> str | None:
+    """The installed package (e.g. "tensorflow") whose code the crashing thread was
+    running when the process took a fatal signal, from the dump a death report carries;
+    None where the crash was in the course's or the caller's code, or is unknown."""
+    _, frames = _crashing_thread(remote_traceback)
+    found = re.search(r"[/\\](?:site|dist)-packages[/\\]([A-Za-z_][\w]*)", frames[0]) if frames else None
+    return found.group(1) if found else None
+
+
 def death_report(code, dump_path) -> tuple[str, str]:
     """Summary and traceback text for a rank that died without reporting an error."""
     dump = _read_dump(dump_path)
@@ -117,5 +158,13 @@ def death_report(code, dump_path) -> tuple[str, str]:
                 "processes import the main script).", "")
     frames = _main_thread_frames(dump)
     where = f"; last stack: {_format_frames(frames)}" if frames else ""
-    return (f"the process died ({describe_exit(code)}) without reporting an error{where}",
-            dump.split("\n", 1)[1] if "Fatal Python error" in dump else "")
+    fatal = dump.split("\n", 1)[1] if "Fatal Python error" in dump else ""
+    is_main, crashing = _crashing_thread(dump)
+    library = crashed_in_library(fatal)
+    if crashing and not is_main:     # name the thread that crashed, not only the main one
+        where = (f"; the crash was in another thread, at {_format_frames(crashing)}"
+                 + (f"; the main thread was at {_format_frames(frames)}" if frames else ""))
+    if library:
+        return (f"the process crashed ({describe_exit(code)}) inside {library}'s own code, "
+                f"not in a Python error of the caller's{where}", fatal)
+    return (f"the process died ({describe_exit(code)}) without reporting an error{where}", fatal)

@@ -94,3 +94,23 @@ def _is_open(fd: int) -> bool:
     except OSError:
         return False
     return True
+
+
+def fork_server_died() -> str | None:
+    """How the fork server this process started ended ("killed by SIGKILL (exit code -9)"),
+    or None while it runs or where there is none. Its ranks die with it (they watch their
+    parent), and their exit codes, which it reports, are lost: multiprocessing says 255.
+    """
+    from multiprocessing import forkserver
+
+    from .rank_exits import describe_exit
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    if pid is None or not hasattr(os, "waitid"):
+        return None
+    try:   # WNOWAIT: multiprocessing reaps it, and starts a new one, at the next launch
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return "ended"
+    if info is None:
+        return None
+    return describe_exit(info.si_status if info.si_code == os.CLD_EXITED else -info.si_status)

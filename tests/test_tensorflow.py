@@ -203,6 +203,8 @@ def test_parameter_server_strategy_in_process_cluster(no_leftover_ranks):
     assert all(a.startswith("127.0.0.1:") for kind in report["cluster"].values() for a in kind)
     progress = report["progress"]
     assert progress[-1]["steps run"] == 60 and progress[-1]["mean loss"] < progress[0]["mean loss"]
+    # no worker died: the server counted each step's loss exactly once
+    assert [p["step runs counted on the server"] for p in progress] == [20, 20, 20]
     assert not psutil.pid_exists(report["coordinator pid"])
 
 
@@ -215,6 +217,8 @@ def test_parameter_server_strategy_survives_a_dead_worker_and_cleans_up(no_lefto
     last = report["progress"][-1]
     assert report["progress"][1]["worker killed here"] and last["workers alive"] == 1
     assert last["steps run"] == last["steps scheduled"] == 80
+    # a step lost with the worker may run twice (at least once), never less than once
+    assert all(p["step runs counted on the server"] >= 20 for p in report["progress"])
     assert last["mean loss"] < report["progress"][0]["mean loss"]
     assert not [p for p in report["server pids"] + [report["coordinator pid"]] if psutil.pid_exists(p)]
     assert not _spawned_alive(before)

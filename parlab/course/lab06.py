@@ -15,14 +15,31 @@ def run_tf_cluster(timeout: float = 180.0, env: dict | None = None, **options) -
     chunks, steps_per_chunk, workers_in_process, kill_worker, ...); ``env``: extra
     environment variables for the cluster's processes. The process and every
     server it started are gone when this returns, whether training succeeded or not.
+    Where TensorFlow itself crashes (a fatal signal inside its own code), the cluster runs
+    once more in a fresh process, and a line says so.
     """
     import functools
+    import re
 
+    from ..errors import WorkerError
+    from ..rank_stacks import crashed_in_library
     from ..tf import parameter_server
-    result = launch(functools.partial(parameter_server.cluster_training, **options), 1,
-                    process_group=False, timeout=timeout,
-                    env={"TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})
-    return result.results[0]
+    for attempt in (1, 2):
+        try:
+            result = launch(functools.partial(parameter_server.cluster_training, **options), 1,
+                            process_group=False, timeout=timeout,
+                            env={"TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})
+            return result.results[0]
+        except WorkerError as err:
+            # TensorFlow's coordinator, rarely, crashes in its own native code while a
+            # worker dies (a segmentation fault copying a step's result): a bug of
+            # TensorFlow's, not of this lab, so a fresh process gets one more try.
+            if attempt == 2 or crashed_in_library(err.remote_traceback) != "tensorflow":
+                raise
+            signal = re.search(r"killed by \w+", err.summary)
+            print(f"TensorFlow's coordinator crashed in TensorFlow's own code "
+                  f"({signal.group(0) if signal else 'a fatal signal'}): the cluster runs "
+                  "once more, in a fresh process.")
 
 
 def _rule_problem(fn) -> str | None:

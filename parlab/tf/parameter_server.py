@@ -202,6 +202,12 @@ def cluster_training(rank: int, world_size: int, num_workers: int = 2, chunks: i
         with strategy.scope():
             model = models.mlp()
             opt = keras.optimizers.SGD(lr)
+            # The steps add their losses here, on the parameter server, and return nothing:
+            # TensorFlow copies a step's result from its worker to this process, and that
+            # copy, racing a worker's death, crashed the coordinator (SIGSEGV in identity,
+            # coordinator/values.py); without results there is no copy.
+            loss_sum = tf.Variable(0.0, trainable=False)
+            losses_added = tf.Variable(0.0, trainable=False)
         loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
         def dataset_fn():
@@ -217,23 +223,31 @@ def cluster_training(rank: int, world_size: int, num_workers: int = 2, chunks: i
                     loss = loss_fn(yb, model(xb))
                 opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
                                         model.trainable_variables))
-                return loss
-            return strategy.run(replica, args=next(it))
+                loss_sum.assign_add(loss)
+                losses_added.assign_add(1.0)
+            strategy.run(replica, args=next(it))
 
         progress, t0, ran = [], time.perf_counter(), 0
         for chunk in range(chunks):
+            loss_sum.assign(0.0)
+            losses_added.assign(0.0)
             futures = [coordinator.schedule(step, args=(iterator,)) for _ in range(steps_per_chunk)]
             killed = kill_worker is not None and chunk == kill_after_chunk
             if killed:
                 time.sleep(0.05)                            # let the chunk get going
                 os.kill(procs[kill_worker].pid, signal.SIGKILL)
             coordinator.join()                              # wait for every scheduled step
-            losses = [f.fetch() for f in futures]           # raises if a step was lost
-            ran += len(losses)
+            for future in futures:
+                future.fetch()                              # raises if a step was lost
+            ran += len(futures)
+            # A step lost with its worker runs again elsewhere; its first run may have
+            # added its loss already (and updated the variables): at least once, not once.
+            added = float(losses_added.numpy())
             progress.append({"chunk": chunk, "time": time.perf_counter() - t0,
                              "steps scheduled": (chunk + 1) * steps_per_chunk,
                              "steps run": ran,
-                             "mean loss": float(np.mean(losses)),
+                             "step runs counted on the server": int(added),
+                             "mean loss": float(loss_sum.numpy()) / added,
                              "worker killed here": killed,
                              "workers alive": (num_workers if workers_in_process
                                                else sum(p.is_alive() for p in procs))})
