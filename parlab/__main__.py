@@ -5,6 +5,8 @@ import argparse
 import importlib
 import json
 import math
+import os
+import re
 import sys
 
 
@@ -32,6 +34,8 @@ def _run_settings(parser, ns):
     if not (math.isfinite(ns.timeout) and 0 < ns.timeout <= MAX_TIMEOUT_S):
         parser.error(f"--timeout must be a number of seconds above 0 and at most "
                      f"{MAX_TIMEOUT_S:.0f} (30 days), got {ns.timeout:g}")
+    if ns.trace is not None:
+        _check_trace(parser, ns.trace)
     if ns.args is None:
         return []
     try:
@@ -40,10 +44,40 @@ def _run_settings(parser, ns):
         parser.error(f"--args must be a JSON list of the worker's further arguments, e.g. "
                      f"--args '[64, \"naive\"]': {ns.args!r} is not JSON ({exc.msg} at "
                      f"character {exc.pos})")
+    except RecursionError:      # json nests by recursion: thousands of '[' exhaust the stack
+        parser.error("--args is nested too deeply to read: pass a JSON list of the worker's "
+                     "further arguments, e.g. --args '[64, \"naive\"]'")
     if not isinstance(args, list):
         parser.error(f"--args must be a JSON list, e.g. --args '[{ns.args}]' for one "
                      f"argument; got {ns.args!r}")
     return args
+
+
+def _check_trace(parser, path: str) -> None:
+    """Open the trace file before the run, not after it: a path that cannot be written
+    would otherwise be found when the run is over, and its trace lost."""
+    existed = os.path.lexists(path)
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as exc:
+        parser.error(f"--trace {path!r}: cannot write a file there ({exc.strerror or exc}): "
+                     "name a file in a folder you may write to, e.g. --trace run.json")
+    if not existed:
+        try:
+            os.unlink(path)     # the run writes it; an empty file must not stay if it fails
+        except OSError:
+            pass
+
+
+def _devices(parser, n: int):
+    """The devices ``n`` ranks would get, or the reason as a usage error naming what to change."""
+    from parlab.hardware import MODE_ENV, devices
+    try:
+        return devices(n)
+    except ValueError as exc:
+        # a message about $PARLAB_DEVICES names it already; any other is about the count
+        parser.error(str(exc) if MODE_ENV in str(exc) else f"--nproc {n}: {exc}")
 
 
 def _cmd_run(parser, ns) -> int:
@@ -56,7 +90,8 @@ def _cmd_run(parser, ns) -> int:
             results, timeline = run_here(fn, args, timeout_s=ns.timeout)
         else:
             from parlab.launcher import launch
-            out = launch(fn, ns.nproc, args=args, timeout=ns.timeout)
+            out = launch(fn, ns.nproc, args=args, timeout=ns.timeout,
+                         devices=_devices(parser, ns.nproc))
             results, timeline = out.results, out.timeline
     except (WorkerError, LaunchTimeout) as exc:
         print(f"parlab run: {exc}", file=sys.stderr)
@@ -66,7 +101,28 @@ def _cmd_run(parser, ns) -> int:
     print(json.dumps({"results": results}, default=repr))
     print(timeline.summary())
     if ns.trace:
-        print(f"trace written to {timeline.to_chrome_trace(ns.trace)}")
+        try:
+            print(f"trace written to {timeline.to_chrome_trace(ns.trace)}")
+        except OSError as exc:     # checked before the run; changed during it
+            print(f"parlab run: cannot write the trace to {ns.trace!r} "
+                  f"({exc.strerror or exc})", file=sys.stderr)
+            return 1
+    return 0
+
+
+def _cmd_info() -> int:
+    from parlab.hardware import devices
+    from parlab.system import system_report
+    print(system_report())
+    try:
+        for n in (1, 2, 4):
+            devs = devices(n)
+            print(f"devices({n}): {devs}")
+            if devs.simulated and devs.gpus_found:     # the other choice on this machine
+                print(f"devices({n}, mode='shared-gpu'): {devices(n, mode='shared-gpu')}")
+    except ValueError as exc:      # a bad $PARLAB_DEVICES: its message says what to change
+        print(f"parlab info: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -89,9 +145,10 @@ def _cmd_lessons(parser, ns) -> int:
     from parlab.course import lessons
     labs = lessons.LABS
     if ns.lab is not None:
-        lab = ns.lab.zfill(2)
+        # digits only: "".zfill(2) would be "00" and run lab 00
+        lab = ns.lab.zfill(2) if re.fullmatch(r"[0-9]{1,2}", ns.lab) else None
         if lab not in lessons.LABS:
-            parser.error(f"--lab must be a lab number {lessons.LABS[0]}-{lessons.LABS[-1]}, "
+            parser.error(f"--lab must be one of {', '.join(lessons.LABS)} (e.g. --lab 06), "
                          f"got {ns.lab!r}")
         labs = (lab,)
     if ns.runs < 1:
@@ -126,15 +183,7 @@ def main(argv=None) -> int:
     ns = parser.parse_args(argv)
 
     if ns.command == "info":
-        from parlab.hardware import devices
-        from parlab.system import system_report
-        print(system_report())
-        for n in (1, 2, 4):
-            devs = devices(n)
-            print(f"devices({n}): {devs}")
-            if devs.simulated and devs.gpus_found:     # the other choice on this machine
-                print(f"devices({n}, mode='shared-gpu'): {devices(n, mode='shared-gpu')}")
-        return 0
+        return _cmd_info()
     if ns.command == "bench":
         from parlab import bench
         return bench.run(ns.only, ns.quick)

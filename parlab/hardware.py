@@ -172,17 +172,22 @@ def devices(n: int, *, simulate: bool | None = None, framework: str = "torch",
     gpus = _count_gpus(framework)
     if mode == "shared-gpu":
         return _shared_gpu(n, framework, gpus, f"shared-GPU mode {by}")
+    # name the setting that was made, the variable or the argument, as it was typed
+    if by == f"set by {MODE_ENV}":
+        asked, verb, opt = f"by {MODE_ENV}=gpu", "set", f"{MODE_ENV}={{}}".format
+    else:
+        asked, verb, opt = "(simulate=False / mode='gpu')", "pass", "mode='{}'".format
     if simulate is False and gpus == 0:
         raise ValueError(
-            f"{n} real GPU{'s' * (n > 1)} {'were' if n > 1 else 'was'} demanded "
-            "(simulate=False / mode='gpu') but none is visible: pass mode='auto' or "
-            "mode='cpu' to simulate the devices on the CPU.")
+            f"{n} real GPU{'s' * (n > 1)} {'were' if n > 1 else 'was'} demanded {asked} but "
+            f"none is visible: {verb} {opt('auto')} or {opt('cpu')} to simulate the devices "
+            "on the CPU.")
     if simulate is False and gpus < n:
         raise ValueError(
-            f"{n} real GPUs were demanded (simulate=False / mode='gpu') but {gpus} "
+            f"{n} real GPUs were demanded {asked} but {gpus} "
             f"{'is' if gpus == 1 else 'are'} visible: ask for at most {gpus} devices, "
-            "or pass mode='auto' to simulate them on the CPU"
-            + (", or mode='shared-gpu' to share the GPU." if gpus else "."))
+            f"or {verb} {opt('auto')} to simulate them on the CPU"
+            + (f", or {opt('shared-gpu')} to share the GPU." if gpus else "."))
     if simulate is not True and gpus >= n:
         if framework == "torch":
             import torch.distributed as dist
@@ -228,10 +233,14 @@ def devices_alike(counts, *, framework: str = "torch", mode: str | None = None) 
 def _shared_gpu(n: int, framework: str, gpus: int, reason: str) -> DeviceSet:
     """``n`` ranks (torch) or logical GPUs (tf) on the visible GPU(s)."""
     if gpus == 0:
+        seen = "torch" if framework == "torch" else "TensorFlow"
+        if reason.endswith(MODE_ENV):     # the variable chose it: name the variable
+            raise ValueError(
+                f"{MODE_ENV}=shared-gpu needs a GPU, but {seen} sees none: set {MODE_ENV}=cpu "
+                f"(or auto) to simulate the devices on the CPU, or unset {MODE_ENV}.")
         raise ValueError(
-            f"mode='shared-gpu' needs a GPU, but {'torch' if framework == 'torch' else 'TensorFlow'}"
-            " sees none: use mode='cpu' (or 'auto') to simulate the devices on the CPU"
-            + (f", or unset {MODE_ENV}." if os.environ.get(MODE_ENV) else "."))
+            f"mode='shared-gpu' needs a GPU, but {seen} sees none: use mode='cpu' (or 'auto') "
+            "to simulate the devices on the CPU.")
     if framework == "torch":
         if n > MAX_SIMULATED:
             raise ValueError(f"{n} ranks sharing a GPU would be {n} processes each holding "

@@ -6,10 +6,12 @@ Before: ``student-copy labs labs`` stripped the solutions from every lab in plac
 ``--args notjson`` as a bare JSONDecodeError; ``bench --only ''`` ran every benchmark;
 an empty or missing folder or a broken notebook gave a traceback or silence.
 """
+import json
 import os
 import shutil
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -19,8 +21,9 @@ LABS = ROOT / "labs"
 MARK = "# BEGIN SOLUTION"
 
 
-def parlab_cli(*args, cwd=None):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+def parlab_cli(*args, cwd=None, env=None):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+           **(env or {})}
     return subprocess.run([sys.executable, "-m", "parlab", *args], capture_output=True,
                           text=True, timeout=120, env=env, cwd=cwd or ROOT)
 
@@ -111,3 +114,119 @@ def test_run_reports_a_failing_rank_without_a_local_traceback():
 def test_bench_only_an_empty_name_is_refused():
     out = parlab_cli("bench", "--only", "")
     assert out.returncode == 2 and "unknown benchmark ''" in out.stdout, out.stdout
+
+
+def _one_line_refusal(out, *says):
+    """Exit 2, one line on stderr naming what to change, nothing written to stdout."""
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "wrote" not in out.stdout and "replaced" not in out.stdout, out.stdout
+    for text in says:
+        assert text in out.stderr, out.stderr
+
+
+def test_a_notebook_with_unbalanced_markers_is_refused_by_name(labs, tmp_path):
+    # before: exit 0, "wrote" for each lab, and `answer = 42` in the copy
+    nb = {"cells": [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+                     "source": ["#BEGIN SOLUTION\n", "answer = 42\n", "#END SOLUTION\n"]}],
+          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (labs / "99_marked.ipynb").write_text(json.dumps(nb))
+    out = parlab_cli("student-copy", str(labs), str(tmp_path / "student"))
+    _one_line_refusal(out, "99_marked.ipynb, cell 0", "'#BEGIN SOLUTION'")
+    assert not (tmp_path / "student").exists()
+
+
+@contextmanager
+def _immutable(path):
+    """chattr +i (refused even to root, unlike permission bits), undone afterwards."""
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available here (needs root and a filesystem with it)")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file", "a folder named like a notebook",
+                                   "an immutable folder", "an immutable notebook"])
+def test_a_destination_that_cannot_take_every_copy_is_refused_before_any_is_written(
+        labs, tmp_path, where):
+    # before: a 17-24 line traceback, and with --force the notebooks before the failing one
+    # already replaced
+    dst = tmp_path / "student"
+    names = sorted(p.name for p in labs.glob("*.ipynb"))
+    if where in ("a file", "under a file"):
+        dst.write_text("not a folder")
+        target = dst if where == "a file" else dst / "copy"
+        out = parlab_cli("student-copy", "--force", str(labs), str(target))
+        _one_line_refusal(out, str(dst), "is a file")
+        assert dst.read_text() == "not a folder"
+        return
+    dst.mkdir()
+    for name in names:                   # an earlier copy, which --force would replace
+        (dst / name).write_text("earlier copy")
+    last = dst / names[-1]
+    if where == "a folder named like a notebook":
+        last.unlink()
+        last.mkdir()
+        out = parlab_cli("student-copy", "--force", str(labs), str(dst))
+        _one_line_refusal(out, str(last), "is a folder")
+    else:
+        with _immutable(dst if where == "an immutable folder" else last):
+            out = parlab_cli("student-copy", "--force", str(labs), str(dst))
+        _one_line_refusal(out, str(dst if where == "an immutable folder" else last),
+                          "nothing was changed")
+    for name in names[:-1]:
+        assert (dst / name).read_text() == "earlier copy", f"{name} was replaced"
+    assert sorted(p.name for p in dst.iterdir()) == names, "a temporary file was left behind"
+
+
+@pytest.mark.parametrize("flags,says", [
+    (["--nproc", "33"], "--nproc 33"),
+    (["--nproc", "1000"], "--nproc 1000"),
+    (["--args", "[" * 50000 + "]" * 50000], "--args is nested too deeply"),
+])
+def test_run_names_the_flag_when_the_value_is_out_of_reach(flags, says):
+    # before: an 18-line ValueError naming world size, never --nproc; a RecursionError
+    out = parlab_cli("run", "plain_workers:no_torch", *flags)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert says in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("where", ["in a missing folder", "under a file", "a folder"])
+def test_run_checks_the_trace_path_before_launching(tmp_path, where):
+    # before: found only after the whole run, with a traceback, and the trace lost
+    (tmp_path / "file").write_text("")
+    trace = {"in a missing folder": tmp_path / "nowhere" / "t.json",
+             "under a file": tmp_path / "file" / "t.json", "a folder": tmp_path}[where]
+    out = parlab_cli("run", "plain_workers:no_torch", "--trace", str(trace))
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stdout + out.stderr
+    assert f"--trace {str(trace)!r}" in out.stderr, out.stderr
+    assert "results" not in out.stdout, "the run was launched before the trace path was checked"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_run_writes_a_trace_where_it_was_asked(tmp_path):
+    out = parlab_cli("run", "plain_workers:no_torch", "--trace", str(tmp_path / "t.json"))
+    assert out.returncode == 0, out.stderr
+    assert "traceEvents" in (tmp_path / "t.json").read_text()
+
+
+@pytest.mark.parametrize("lab", ["", " ", "x", "6a", "99"])
+def test_lessons_refuses_a_lab_that_is_not_one(lab):
+    # before: --lab "" ran lab 00
+    out = parlab_cli("lessons", "--lab", lab)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stdout + out.stderr
+    assert "--lab must be one of 00" in out.stderr and f"got {lab!r}" in out.stderr, out.stderr
+    assert "lesson" not in out.stdout, "a lab ran"
+
+
+@pytest.mark.parametrize("command", [["info"], ["run", "plain_workers:no_torch"]])
+@pytest.mark.parametrize("mode", ["gpu", "shared-gpu", "gpus"])
+def test_a_device_mode_set_in_the_environment_is_named_without_a_traceback(command, mode):
+    # before: a traceback saying "pass mode='auto'", never naming PARLAB_DEVICES
+    env = {"PARLAB_DEVICES": mode, "CUDA_VISIBLE_DEVICES": ""}     # no GPU, on any machine
+    out = parlab_cli(*command, env=env)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"PARLAB_DEVICES={mode}" in out.stderr or f"PARLAB_DEVICES={mode!r}" in out.stderr
+    assert "Traceback" not in out.stderr and "mode='auto'" not in out.stderr, out.stderr

@@ -84,6 +84,28 @@ def test_bad_settings_say_what_to_change(gpus, monkeypatch):
         parlab.devices(hardware.MAX_SIMULATED + 1, mode="shared-gpu")
 
 
+def test_a_mode_the_variable_chose_is_named_as_the_variable(gpus, monkeypatch):
+    # before: "pass mode='auto'", to someone who had typed PARLAB_DEVICES=gpu and no mode=
+    gpus(0)
+    monkeypatch.setenv(hardware.MODE_ENV, "gpu")
+    with pytest.raises(ValueError, match="demanded by PARLAB_DEVICES=gpu but none is visible: "
+                                         "set PARLAB_DEVICES=auto or PARLAB_DEVICES=cpu") as e:
+        parlab.devices(2)
+    assert "mode=" not in str(e.value)
+    monkeypatch.setenv(hardware.MODE_ENV, "shared-gpu")
+    with pytest.raises(ValueError, match="^PARLAB_DEVICES=shared-gpu needs a GPU.*"
+                                         "set PARLAB_DEVICES=cpu") as e:
+        parlab.devices(2)
+    assert "mode=" not in str(e.value)
+    gpus(1)
+    monkeypatch.setenv(hardware.MODE_ENV, "gpu")
+    with pytest.raises(ValueError, match="set PARLAB_DEVICES=auto to simulate them on the CPU, "
+                                         "or PARLAB_DEVICES=shared-gpu to share the GPU"):
+        parlab.devices(2)
+    with pytest.raises(ValueError, match=r"\(simulate=False / mode='gpu'\).*pass mode='auto'"):
+        parlab.devices(2, mode="gpu")         # an argument is still named as the argument
+
+
 def test_the_line_says_who_chose_the_mode(gpus, monkeypatch):
     gpus(1)
     assert parlab.devices(2, mode="shared-gpu").reason == "shared-GPU mode requested"

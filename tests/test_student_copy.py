@@ -127,3 +127,68 @@ def test_the_cheapest_student_copies_run_top_to_bottom(student):
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     for name in EXECUTED:     # the copies really were unfilled
         assert any("NotImplementedError" in src for src in _code_cells(student / name))
+
+
+# --- solution markers the copy cannot strip safely -----------------------------------------
+# Before: each of these exited 0 and handed `answer = 42` to students in every copy (nested
+# markers also left a stray `# END SOLUTION`). A copy is refused, naming notebook, cell, line.
+
+def _notebook(folder: Path, code: str, name: str = "07_marked.ipynb") -> Path:
+    cells = [{"cell_type": "markdown", "metadata": {}, "source": ["# A lab\n"]},
+             {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+              "source": ["def exercise(x):\n", *code.splitlines(keepends=True)]}]
+    folder.mkdir(exist_ok=True)
+    path = folder / name
+    path.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4,
+                                "nbformat_minor": 5}))
+    return path
+
+
+@pytest.mark.parametrize("code,says", [
+    ("    # BEGIN SOLUTION\n    answer = 42\n", "'# BEGIN SOLUTION' has no '# END SOLUTION'"),
+    ("    # BEGIN SOLUTION\n    # BEGIN SOLUTION\n    answer = 42\n    # END SOLUTION\n"
+     "    # END SOLUTION\n", "nested"),
+    ("    answer = 42\n    # END SOLUTION\n", "no '# BEGIN SOLUTION' before it"),
+    ("    #BEGIN SOLUTION\n    answer = 42\n    #END SOLUTION\n", "'#BEGIN SOLUTION'"),
+    ("    # begin solution\n    answer = 42\n    # end solution\n", "'# begin solution'"),
+    ("    #  BEGIN  SOLUTION\n    answer = 42\n    #  END  SOLUTION\n", "'#  BEGIN  SOLUTION'"),
+    ("    # BEGIN_SOLUTION\n    answer = 42\n    # END_SOLUTION\n", "'# BEGIN_SOLUTION'"),
+    ("    answer = 42  # BEGIN SOLUTION\n", "'answer = 42  # BEGIN SOLUTION'"),
+])
+def test_a_marker_the_copy_cannot_strip_is_refused_before_anything_is_written(tmp_path, code,
+                                                                               says):
+    from parlab.course.student import StudentCopyError, student_copy
+    _notebook(tmp_path / "labs", code)
+    with pytest.raises(StudentCopyError) as caught:
+        student_copy(tmp_path / "labs", tmp_path / "student")
+    message = str(caught.value)
+    assert "07_marked.ipynb" in message and "cell 1 (first line 'def exercise(x):')" in message
+    assert says in message and "\n" not in message, message
+    assert not (tmp_path / "student").exists()
+
+
+def test_a_copy_that_still_says_solution_after_stripping_is_refused(tmp_path):
+    from parlab.course.student import StudentCopyError, student_copy
+    _notebook(tmp_path / "labs", "    # BEGIN SOLUTION\n    x = 1\n    # END SOLUTION\n"
+                                 "    SOLUTION = 42   # the answer, left outside the markers\n")
+    with pytest.raises(StudentCopyError, match=r"07_marked.ipynb, cell 1 .*line 5.*solution"):
+        student_copy(tmp_path / "labs", tmp_path / "student")
+    assert not (tmp_path / "student").exists()
+
+
+def test_well_formed_markers_still_strip(tmp_path):
+    from parlab.course.student import student_copy
+    _notebook(tmp_path / "labs", "    # BEGIN SOLUTION (hint: one line)\n    return 42\n"
+                                 "    # END SOLUTION\n")
+    (written,), _ = student_copy(tmp_path / "labs", tmp_path / "student")
+    text = "".join(json.loads(written.read_text())["cells"][1]["source"])
+    assert text == 'def exercise(x):\n    raise NotImplementedError("your code here")\n'
+
+
+def test_the_last_guard_refuses_a_copy_the_stripping_missed(tmp_path, monkeypatch):
+    from parlab.course import student
+    monkeypatch.setattr(student, "strip_solutions", lambda text: text)    # a stripping bug
+    _notebook(tmp_path / "labs", "    # BEGIN SOLUTION\n    return 42\n    # END SOLUTION\n")
+    with pytest.raises(student.StudentCopyError, match="line 2 of the copy still says solution"):
+        student.student_copy(tmp_path / "labs", tmp_path / "student")
+    assert not (tmp_path / "student").exists()
