@@ -6,9 +6,12 @@ layers ``bounds[k-1]:bounds[k]``.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from .errors import whole_number
 
 
 def share(total: int, parts: int, over: str, what: str = "global batch") -> int:
@@ -22,6 +25,11 @@ def share(total: int, parts: int, over: str, what: str = "global batch") -> int:
 
 def check_bounds(bounds, n_layers: int, n_devices: int) -> list[int]:
     """Validate split points; every stage must get at least one layer."""
+    bounds = list(bounds)
+    for b in bounds:      # int() would cut 1.5 to 1 unasked, and fail on NaN with no name
+        if whole_number(b) is None and not (isinstance(b, float) and b.is_integer()):
+            raise ValueError(f"bounds: split points are layer indices, whole numbers, got "
+                             f"{b!r} in {bounds}")
     bounds = [int(b) for b in bounds]
     if len(bounds) != n_devices - 1:
         raise ValueError(f"{n_devices} devices need {n_devices - 1} split points, got "
@@ -49,27 +57,49 @@ def balance(costs, n_devices: int) -> list[int]:
     """Split points that minimise the busiest stage's cost (contiguous stages).
 
     The classic linear-partition dynamic programme: best[k][i] is the smallest possible
-    maximum stage cost when the first i layers form k stages.
+    maximum stage cost when the first i layers form k stages, the last of them starting
+    at the smallest j that reaches it. best[k - 1][j] rises with j and the last stage's
+    cost falls, so that j is found by bisection, for every i at once (numpy): O(stages x
+    layers x log layers), well under a second for thousands of layers (trying every j
+    took 37-86 s for 8,000 layers in two stages), with the same cuts.
     """
     costs = [float(c) for c in costs]
     n = len(costs)
     if not 1 <= n_devices <= n:
         raise ValueError(f"cannot split {n} layers over {n_devices} devices: use between "
                          f"1 and {n} devices")
+    for k, c in enumerate(costs):     # the bisection needs costs that only add up
+        if not (math.isfinite(c) and c >= 0):
+            raise ValueError(f"costs[{k}] must be a finite number 0 or more (a layer's "
+                             f"cost), got {c!r}")
     prefix = np.concatenate([[0.0], np.cumsum(costs)])
-    inf = float("inf")
-    best = [[inf] * (n + 1) for _ in range(n_devices + 1)]
-    cut = [[0] * (n + 1) for _ in range(n_devices + 1)]
-    best[0][0] = 0.0
-    for k in range(1, n_devices + 1):
-        for i in range(k, n + 1):
-            for j in range(k - 1, i):
-                c = max(best[k - 1][j], prefix[i] - prefix[j])
-                if c < best[k][i]:
-                    best[k][i], cut[k][i] = c, j
+    span = n - n_devices + 1          # where stage k's last layer can end: k .. k + span - 1
+    t = np.arange(span)
+    prev = prefix[1:span + 1]         # one stage: the layers' sum
+    cuts = [np.zeros(span, dtype=np.int64)]
+    for k in range(2, n_devices + 1):
+        ends = prefix[k + t]          # the layers before i = k + t, for each t
+        # first j (from k - 1) where best[k - 1][j] >= the last stage's cost: bisection
+        lo, hi = np.zeros(span, dtype=np.int64), t + 1
+        while (lo < hi).any():
+            mid = np.minimum((lo + hi) // 2, span - 1)
+            right = prev[mid] >= ends - prefix[mid + k - 1]
+            active = lo < hi
+            hi = np.where(active & right, mid, hi)
+            lo = np.where(active & ~right, mid + 1, lo)
+        r = np.minimum(lo, t)                            # there: best[k - 1][j] decides
+        f_right = np.maximum(prev[r], ends - prefix[r + k - 1])
+        # just before: the last stage decides; the smallest j with the same cost starts
+        # the run of free layers before it
+        left = np.maximum(np.searchsorted(prefix, prefix[np.maximum(lo - 1, 0) + k - 1],
+                                          side="left") - (k - 1), 0)
+        f_left = np.maximum(prev[left], ends - prefix[left + k - 1])
+        use_left = (lo >= 1) & ((lo > t) | (f_left <= f_right))
+        prev = np.where(use_left, f_left, f_right)
+        cuts.append(np.where(use_left, left, r) + k - 1)
     bounds, i = [], n
     for k in range(n_devices, 1, -1):
-        i = cut[k][i]
+        i = int(cuts[k - 1][i - k])
         bounds.append(i)
     return sorted(bounds)
 

@@ -116,3 +116,96 @@ def test_valid_inputs_still_predict():
     net = sim.Network.mlp((64, 256, 10))
     tl = sim.data_parallel(net, _cluster(), 64, devices=2)
     assert tl.step_s > 0 and math.isfinite(tl.step_s)
+
+
+# ------------------------------------------------------------------ closed forms and options
+# Before: all_gather_s and bubble returned NaN, the asynchronous parameter server ran a NaN
+# slow factor, bounds=[1.5] was cut to [1] unasked, predict took chunks=nan without a
+# pipeline; bounds=[nan] failed as "cannot convert float NaN to integer", calibrated and
+# measured_link with a bare KeyError or LAPACK's "SVD did not converge".
+@pytest.mark.parametrize("call,match", [
+    (lambda: sim.all_gather_s(NAN, 4, LINK), r"all_gather_s: nbytes must"),
+    (lambda: sim.all_gather_s(1e6, NAN, LINK), r"all_gather_s: n \(ranks\) must be a whole"),
+    (lambda: sim.all_gather_s(1e6, 0, LINK), r"all_gather_s: n \(ranks\) must be a whole number"),
+    (lambda: sim.bubble(NAN, 4), r"bubble: stages must be a whole number >= 1, got nan"),
+    (lambda: sim.bubble(4, NAN), r"bubble: micro_batches must be a whole number >= 1, got nan"),
+    (lambda: sim.bubble(1.5, 4), r"bubble: stages must be a whole number"),
+])
+def test_closed_forms_refuse_nan_by_argument(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("factor", [NAN, math.inf, 0.5, "2"])
+def test_a_slow_factor_is_checked_alike_in_both_parameter_server_modes(mode, factor):
+    net = sim.Network.mlp((64, 256, 10))
+    with pytest.raises(ValueError,
+                       match=r"parameter_server: slow\[1\] must be a finite number >= 1"):
+        sim.parameter_server(net, _cluster(), 64, workers=2, mode=mode, slow={1: factor})
+
+
+@pytest.mark.parametrize("bad", [[1.5], [NAN], [math.inf], ["2"]])
+def test_split_points_must_be_whole_layer_indices(bad):
+    net, c = sim.Network.mlp((64, 256, 256, 10)), _cluster()
+    match = r"bounds: split points are layer indices, whole numbers, got"
+    for call in (lambda: sim.manual_split(net, c, 64, bounds=bad),
+                 lambda: sim.pipeline(net, c, 64, bounds=bad),
+                 lambda: sim.predict(sim.Workload.of(net), c, sim.Plan(pp=2), 64, bounds=bad)):
+        with pytest.raises(ValueError, match=match):
+            call()
+    assert sim.manual_split(net, c, 64, bounds=[2.0]).step_s > 0   # a whole float still cuts
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_predict_checks_chunks_with_or_without_a_pipeline(pp):
+    w = sim.Workload.mlp((64, 256, 10))
+    with pytest.raises(ValueError, match=r"predict: chunks must be a whole number >= 1, got nan"):
+        sim.predict(w, _cluster(), sim.Plan(pp=pp), 64, chunks=NAN)
+
+
+MEASURED = {"compute": {32: 0.01, 64: 0.02}, "send": {1e3: 1e-4, 1e5: 1e-3},
+            "all_reduce": {2: {1e3: 3e-4, 1e5: 3e-3}}}
+
+
+@pytest.mark.parametrize("change,match", [
+    (lambda m: m.pop("send"), r"calibrated: measured needs 'compute' .*'send'"),
+    (lambda m: m["all_reduce"].pop(2), r"calibrated: measured\['all_reduce'\] needs .* key 2"),
+    (lambda m: m["send"].update({1e3: NAN}), r"calibrated: measured\['send'\]\[1000.0\] must"),
+    (lambda m: m["compute"].update({64: -1.0}), r"calibrated: measured\['compute'\]\[64\] must"),
+    (lambda m: m["all_reduce"][2].update({1e3: NAN}),
+     r"calibrated: measured\['all_reduce'\]\[2\]\[1000.0\] must"),
+    (lambda m: m.update(send={1e3: 1e-4}),
+     r"calibrated: measured\['send'\] must be a dict .* at least 2"),
+])
+def test_a_calibration_names_the_measurement_that_is_missing_or_not_a_number(change, match):
+    import copy
+    measured = copy.deepcopy(MEASURED)
+    change(measured)
+    with pytest.raises(ValueError, match=match):
+        sim.calibrated(measured, (64, 256, 10))
+
+
+@pytest.mark.parametrize("sends,pairs,match", [
+    ({1e3: NAN, 1e5: 1e-3}, {1e3: 3e-4}, r"measured_link: sends\[1000.0\] must"),
+    ({NAN: 1e-4, 1e5: 1e-3}, {1e3: 3e-4}, r"measured_link: each key of sends must"),
+    ({1e3: 1e-4, 1e5: 1e-3}, {1e3: NAN}, r"measured_link: pair_all_reduces\[1000.0\] must"),
+    ({1e3: 1e-4, 1e5: 1e-3}, {}, r"measured_link: pair_all_reduces must be a dict"),
+    (NAN, {1e3: 3e-4}, r"measured_link: sends must be a dict"),
+])
+def test_measured_link_names_the_time_that_is_not_a_number(sends, pairs, match):
+    with pytest.raises(ValueError, match=match):
+        sim.measured_link(sends, pairs)
+
+
+def test_a_gpu_presets_flops_cannot_be_changed_apart_from_its_matrix_unit():
+    """The matrix unit prices every matrix product, so flops alone changed no prediction."""
+    from dataclasses import replace
+    h100 = sim.h100_nvlink()
+    with pytest.raises(ValueError, match=r"flops=1e\+15 but its matrix unit's rate is 7\.945e\+14"
+                                         r".*matrix=replace\(cluster\.matrix, rate=R\)"):
+        replace(h100, flops=1e15)
+    net = sim.Network.mlp((1024, 4096, 1024))
+    faster = replace(h100, flops=2 * h100.flops, matrix=replace(h100.matrix, rate=2 * h100.flops))
+    assert sim.single_device(net, faster, 4096).step_s < sim.single_device(net, h100, 4096).step_s
+    assert replace(h100, flops=1e9, matrix=None).flops == 1e9

@@ -17,7 +17,8 @@ every rank's step program), ``timelines`` (one function per strategy; ``servers`
 ``published`` (checks against papers), ``published_runs`` (94 published runs, split into
 a fitting and a held-out set), ``validate`` (the model's prediction of each), ``model``
 (clusters, workloads), ``summary`` (the summary model), ``calibrate`` (fits to what a
-lab measured), ``checks`` (every input checked where it enters).
+lab measured), ``checks`` (every input checked where it enters), ``limits`` (the largest
+timeline the engine draws: 64 ranks, 100,000 operations; networks of 10,000 layers).
 
 Inputs
     ``Network``     a model as layers: ``Network.mlp(sizes, optimizer="sgd")``,

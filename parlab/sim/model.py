@@ -44,7 +44,8 @@ from .summary import AXES, Plan, Prediction, plans, predict  # noqa: F401
 
 def bubble(stages: int, micro_batches: int) -> float:
     """Idle share of a GPipe / 1F1B pipeline: (p - 1)/(m + p - 1)."""
-    return pipeline_bubble(stages, micro_batches)
+    return pipeline_bubble(count("bubble", "stages", stages),
+                           count("bubble", "micro_batches", micro_batches))
 
 
 # ------------------------------------------------------------------ what runs, and where
@@ -140,6 +141,16 @@ class Cluster:
         if self.matrix is not None and not isinstance(self.matrix, MatrixUnit):
             raise ValueError(f"{owner}: matrix must be a sim.gemm.MatrixUnit or None, got "
                              f"{self.matrix!r}")
+        # the matrix unit prices every matrix product by its shape: a flops set apart from
+        # its rate would change (next to) nothing, silently
+        if self.matrix is not None and not math.isclose(self.flops, self.matrix.rate,
+                                                        rel_tol=1e-9):
+            raise ValueError(
+                f"{owner}: flops={self.flops:.4g} but its matrix unit's rate is "
+                f"{self.matrix.rate:.4g} FLOP/s, and the unit prices every matrix product, so "
+                f"flops alone changes nothing: set both, replace(cluster, flops=R, "
+                f"matrix=replace(cluster.matrix, rate=R)), or matrix=None to price every "
+                f"product at flops")
         for name in ("intra", "inter"):
             if not isinstance(getattr(self, name), Link):
                 raise ValueError(f"{owner}: {name} must be a Link(latency_s, bandwidth_Bps), "
@@ -275,6 +286,18 @@ def calibrated(measured: dict, sizes, *, name: str = "this machine", devices: in
     Every device here talks over the same loopback, so intra and inter are one link.
     """
     w = Workload.mlp(sizes)
+    if not isinstance(measured, dict) or not {"compute", "send", "all_reduce"} <= set(measured):
+        raise ValueError("calibrated: measured needs 'compute' ({batch: seconds of a step}), "
+                         "'send' ({bytes: seconds}) and 'all_reduce' ({2: {bytes: seconds}}), "
+                         f"got {sorted(measured) if isinstance(measured, dict) else measured!r}")
+    pairs = measured["all_reduce"]
+    if not isinstance(pairs, dict) or 2 not in pairs:
+        raise ValueError("calibrated: measured['all_reduce'] needs the all-reduces of two "
+                         "ranks under key 2 ({2: {bytes: seconds}}), got "
+                         f"{sorted(pairs) if isinstance(pairs, dict) else pairs!r}")
+    _timings("calibrated", "measured['compute']", measured["compute"], 2, "batch")
+    _timings("calibrated", "measured['send']", measured["send"], 2)
+    _timings("calibrated", "measured['all_reduce'][2]", pairs[2], 1)
     batches = sorted(measured["compute"])
     xs = [w.flops_per_sample * bt for bt in batches]
     ys = [measured["compute"][bt] for bt in batches]
@@ -293,10 +316,24 @@ def measured_link(sends: dict, pair_all_reduces: dict) -> tuple[Link, float]:
     two ranks}: what each costs beyond the ring model on that link, the median over the
     sizes, is the library's own work per call.
     """
+    _timings("measured_link", "sends", sends, 2)
+    _timings("measured_link", "pair_all_reduces", pair_all_reduces, 1)
     fit = fit_link(list(sends), list(sends.values()))
     link = Link(fit.latency_s, fit.bandwidth_Bps)
     extra = sorted(t - all_reduce_s(size, 2, link) for size, t in pair_all_reduces.items())
     return link, max(extra[len(extra) // 2], 0.0)
+
+
+def _timings(owner: str, name: str, timed, least: int, key: str = "bytes") -> None:
+    """``timed`` must be {size: seconds} with ``least`` entries or more, every size a
+    number >= 0 and every time a finite number > 0: a NaN reaches the least-squares fit as
+    LAPACK's noise and a bare LinAlgError, naming nothing."""
+    if not isinstance(timed, dict) or len(timed) < least:
+        raise ValueError(f"{owner}: {name} must be a dict {{{key}: seconds}} with at least "
+                         f"{least} entr{'y' if least == 1 else 'ies'}, got {timed!r}")
+    for size, seconds in timed.items():
+        amount(owner, f"each key of {name}", size, unit=key)
+        amount(owner, f"{name}[{size!r}]", seconds, unit="seconds", positive=True)
 
 
 def with_links(c: Cluster, *, intra: Link | None = None, inter: Link | None = None,

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import counted
+from . import limits
 from .checks import amount
 from .layers import Layer, linear, optimizer_state
 
@@ -52,6 +53,7 @@ class Network:
         if not self.layers or not all(isinstance(x, Layer) for x in self.layers):
             raise ValueError(f"{owner}: layers must be a non-empty tuple of Layer, got "
                              f"{self.layers!r}")
+        limits.layers(owner, "layers", len(self.layers))
         amount(owner, "in_elems", self.in_elems)
         amount(owner, "act_bytes", self.act_bytes, unit="bytes", positive=True)
         amount(owner, "grad_wire_bytes", self.grad_wire_bytes, unit="bytes")
@@ -134,6 +136,7 @@ class Network:
         sizes = tuple(counted(s, "a layer width") for s in sizes)
         if len(sizes) < 2:
             raise ValueError(f"an MLP needs an input and an output width, got sizes={sizes}")
+        limits.layers("Network.mlp", "sizes", len(sizes) - 1)      # before building them
         layers = tuple(linear(f"linear{k}", a, b)          # each with its ReLU
                        for k, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])))
         state, update = optimizer_state(optimizer, 4)
@@ -175,8 +178,9 @@ class Network:
         from .blocks import block, embedding, head
         norm = block_options.get("norm", "layernorm")
         ab = act_bytes
+        limits.layers(f"Network {name!r}", "layers", counted(layers, "layers"))   # before building
         body = [block(f"block{k}", seq, hidden, heads, act_bytes=ab, **block_options)
-                for k in range(counted(layers, "layers"))]
+                for k in range(layers)]
         if vocab:
             body = [embedding(seq, hidden, vocab, act_bytes=ab), *body,
                     head(seq, hidden, vocab, tied=tied, norm=norm, act_bytes=ab)]

@@ -12,6 +12,7 @@ from ..errors import counted
 from ..pipeline import check as check_schedule, pass_kind
 from ..pipeline import gpipe, one_f_one_b
 from ..split import balance, check_bounds
+from . import limits
 from .costs import Network, Roofline
 from .engine import Collective, Compute, Join, PredictedTimeline, Recv, Send, run
 from .model import send_s
@@ -69,6 +70,11 @@ def programs(net, cluster, costs, batch, *, dp=1, tp=1, pp=1, micro_batches=1,
     this.
     """
     mesh = Mesh(cluster, dp, pp, tp)
+    # every micro-batch runs a forward and a backward of each layer on each replica and
+    # tp slice, and each rank updates once a step: refused before anything is built
+    limits.operations("timeline", steps * dp * tp * (2 * micro_batches * len(net) + pp),
+                      f"steps={steps} × micro_batches={micro_batches} × {len(net)} layers "
+                      f"× {dp * tp} replica(s) and tp slice(s)")
     zero = check_zero(zero) if dp > 1 else 0
     replica = divides(batch, dp, "data-parallel replicas")
     mb = divides(replica, micro_batches, "micro-batches")

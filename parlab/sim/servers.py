@@ -7,8 +7,12 @@ small simulation, because the server serves whichever push is ready first.
 """
 from __future__ import annotations
 
-from ..errors import counted
+import math
+import numbers
+
+from ..errors import counted, whole_number
 from ..trace import COMM, COMPUTE, WAIT, Span
+from . import limits
 from .costs import Network, call_s
 from .engine import (Compute, Engine, PredictedTimeline, Recv, Send, merge_compute,
                      oversubscription)
@@ -32,9 +36,12 @@ def parameter_server(net: Network, cluster: Cluster, batch: int, *, workers: int
     if mode not in ("sync", "async"):
         raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
     batch, steps, workers = counted(batch, "batch"), counted(steps, "steps"), counted(workers, "workers")
-    slow = {int(r): float(f) for r, f in (slow or {}).items()}
-    if any(r not in range(1, workers + 1) or f < 1 for r, f in slow.items()):
-        raise ValueError(f"slow={slow}: keys must be worker ranks 1..{workers}, factors >= 1")
+    limits.ranks("parameter_server", f"workers={workers} and the server", workers + 1)
+    # per step and worker: its pull, forward, backward and push, and the server's receive
+    # and send (the async simulation writes as many spans)
+    limits.operations("parameter_server", 6 * steps * workers,
+                      f"steps={steps} × workers={workers}")
+    slow = _slow_factors(slow, workers)
     costs = costs_for(net, cluster, costs)
     mesh = Mesh(cluster, workers + 1, 1, 1)
     per = divides(batch, workers, "workers")
@@ -56,6 +63,22 @@ def parameter_server(net: Network, cluster: Cluster, batch: int, *, workers: int
     return PredictedTimeline(spans, labels, steps=steps,
                              notes=notes_for(f"parameter server, {mode}", net, cluster, costs,
                                           slow=slow))
+
+
+def _slow_factors(slow, workers: int) -> dict[int, float]:
+    """{worker rank: factor}, each factor a finite number >= 1: one check for both modes
+    (a NaN factor once slipped through the asynchronous one, which runs no engine)."""
+    out = {}
+    for r, f in (slow or {}).items():
+        rank = whole_number(r)
+        if rank not in range(1, workers + 1):
+            raise ValueError(f"slow={slow}: keys must be worker ranks 1..{workers}, got {r!r}")
+        if not (isinstance(f, numbers.Real) and not isinstance(f, bool)
+                and math.isfinite(f) and f >= 1):
+            raise ValueError(f"parameter_server: slow[{rank}] must be a finite number >= 1 "
+                             f"(how many times longer worker {rank} computes), got {f!r}")
+        out[rank] = float(f)
+    return out
 
 
 def _ps_sync(workers, steps, slow, fwd, bwd, update, add, t_params, t_grads, pbytes, gbytes,

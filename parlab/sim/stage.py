@@ -10,6 +10,7 @@ al., 2019, figure 4); plain linear layers pair column-then-row.
 """
 from __future__ import annotations
 
+from .checks import amount, count
 from .collectives import all_reduce_time, half_ring_time
 from .costs import Network, call_s
 from .engine import Collective, Compute
@@ -18,6 +19,9 @@ from .model import Cluster
 
 def all_gather_s(nbytes: float, n: int, link, overhead: float = 0.0) -> float:
     """Ring all-gather of S bytes in all (S/n from each rank): (n-1) alpha + (n-1)/n S/beta."""
+    n = count("all_gather_s", "n (ranks)", n)
+    nbytes = amount("all_gather_s", "nbytes", nbytes, unit="bytes")
+    overhead = amount("all_gather_s", "overhead", overhead, unit="seconds")
     if n == 1:
         return 0.0
     return (n - 1) * link.latency_s + (n - 1) / n * nbytes / link.bandwidth_Bps + overhead

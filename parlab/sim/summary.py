@@ -2,8 +2,8 @@
 
 ``predict(workload, cluster, plan, global_batch)`` -> ``Prediction``: memory per device
 and a step's seconds as compute, bubble, tp, pp, dp and update, without drawing a
-timeline (``sim.timelines`` draws those; a timeline of more than 64 ranks is slow, this
-is not). For a workload made from a ``Network`` (``Workload.of(net)``) each layer is
+timeline (``sim.timelines`` draws those, of at most 64 ranks, ``sim.limits``; this has
+no such limit). For a workload made from a ``Network`` (``Workload.of(net)``) each layer is
 priced as the timelines price it (``costs.Roofline``: matrix products by shape, element-
 wise work, a fixed cost per pass, recomputation) and its tensor-parallel collectives as
 ``sim.stage`` places them; a workload given only as numbers takes its FLOPs at the rate.
@@ -119,7 +119,8 @@ def predict(w, c, plan: Plan, global_batch: int, *, overlap_dp: bool = False, ze
         raise ValueError(f"sharding must be one of {SHARDINGS}, got {sharding!r}")
     b = global_batch // plan.dp                  # the replica's samples
     m, p, t = plan.micro_batches, plan.pp, plan.tp
-    v = count("predict", "chunks", chunks) if p > 1 else 1
+    v = count("predict", "chunks", chunks)      # checked with or without a pipeline
+    v = v if p > 1 else 1
     link = {a: c.link(plan.span(a)) for a in plan.order}
     stride = {a: plan.span(a) // getattr(plan, a) for a in plan.order}
     dev = _devices(w, c, b / m, t, p, v, bounds, stride["tp"])

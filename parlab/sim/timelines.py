@@ -40,6 +40,7 @@ each axis uses the cluster's fast link when its groups fit in one node.
 from __future__ import annotations
 
 from ..errors import counted
+from . import limits
 from .costs import Network
 from .engine import PredictedTimeline
 from .model import Cluster
@@ -75,6 +76,7 @@ def manual_split(net: Network, cluster: Cluster, batch: int, *, devices: int = 2
     """Lab 02: layers ``bounds[k-1]:bounds[k]`` on device k (default: balanced by cost);
     the activation is sent on (blocking), the gradient sent back; one device works at a time."""
     batch, steps, devices = counted(batch, "batch"), counted(steps, "steps"), counted(devices, "devices")
+    limits.ranks("manual_split", "devices", devices)
     costs = costs_for(net, cluster, costs)
     progs, mesh = programs(net, cluster, costs, batch, pp=devices, bounds=bounds,
                             steps=steps, blocking=True)
@@ -95,6 +97,7 @@ def tensor_parallel(net: Network, cluster: Cluster, batch: int, *, devices: int 
     if scheme not in SCHEMES:
         raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
     batch, steps, devices = counted(batch, "batch"), counted(steps, "steps"), counted(devices, "devices")
+    limits.ranks("tensor_parallel", "devices", devices)
     net = _trained(net, recompute, sequence_parallel)
     costs = costs_for(net, cluster, costs)
     progs, mesh = programs(net, cluster, costs, batch, tp=devices, scheme=scheme, steps=steps)
@@ -114,6 +117,7 @@ def pipeline(net: Network, cluster: Cluster, batch: int, *, stages: int = 2,
     before the gradient arrives, in the cool-down's wait."""
     batch, steps = counted(batch, "batch"), counted(steps, "steps")
     stages, micro_batches = counted(stages, "stages"), counted(micro_batches, "micro_batches")
+    limits.ranks("pipeline", "stages", stages)
     chunks = counted(chunks, "chunks") if schedule == "interleaved" else 1
     net = _trained(net, recompute)
     costs = costs_for(net, cluster, costs)
@@ -137,6 +141,7 @@ def data_parallel(net: Network, cluster: Cluster, batch: int, *, devices: int = 
     (``sim.sharding``). micro_batches: passes whose gradients add up before the exchange.
     """
     batch, steps, devices = counted(batch, "batch"), counted(steps, "steps"), counted(devices, "devices")
+    limits.ranks("data_parallel", "devices", devices)
     net = _trained(net, recompute)
     costs = costs_for(net, cluster, costs)
     progs, mesh = programs(net, cluster, costs, batch, dp=devices, buckets=buckets,
@@ -164,6 +169,7 @@ def hybrid(net: Network, cluster: Cluster, batch: int, *, dp: int = 2, tp: int =
     pipeline they run one after another, their gradients adding up)."""
     batch, steps = counted(batch, "batch"), counted(steps, "steps")
     dp, tp, pp = counted(dp, "dp"), counted(tp, "tp"), counted(pp, "pp")
+    limits.ranks("hybrid", f"dp × tp × pp = {dp} × {tp} × {pp}", dp * tp * pp)
     m = counted(micro_batches, "micro_batches") if micro_batches is not None else (
         4 if pp > 1 else 1)
     chunks = counted(chunks, "chunks") if schedule == "interleaved" else 1
