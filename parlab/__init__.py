@@ -21,6 +21,7 @@ Where things live, from the ground up (nothing imports a floor above its own):
 from __future__ import annotations
 
 import importlib
+import sys as _sys
 
 __version__ = "0.1.0"
 
@@ -43,6 +44,7 @@ _LAZY = {
     "launch": ("parlab.launcher", "launch"),
     "mesh": ("parlab.mesh", None),
     "metrics": ("parlab.metrics", None),
+    "missing": ("parlab.missing", None),
     "pipeline": ("parlab.pipeline", None),
     "plot": ("parlab.plot", None),
     "schedules": ("parlab.pipeline", None),
@@ -60,6 +62,13 @@ _LAZY = {
 }
 
 __all__ = sorted(_LAZY)
+
+# In a notebook without TensorFlow, the labs' TensorFlow cells each print one line instead
+# of stopping Run All (the labs import parlab first). Outside IPython: nothing to do.
+if "IPython" in _sys.modules:
+    from .missing import skip_tensorflow_cells as _skip_tensorflow_cells
+
+    _skip_tensorflow_cells()
 
 
 def __getattr__(name: str):

@@ -1,8 +1,10 @@
-"""The GPU run's nbval plugin finds the labs' TensorFlow cells, and only those."""
+"""The GPU run's nbval plugin finds the labs' TensorFlow cells, and only those (with
+``parlab.missing``'s rule, which a notebook kernel without TensorFlow follows too)."""
 import json
 from pathlib import Path
 
-from nbval_tensorflow_cells import tensorflow_cells
+import nbval_tensorflow_cells
+from parlab.missing import tensorflow_cells
 
 LABS = Path(__file__).resolve().parents[1] / "labs"
 
@@ -17,6 +19,15 @@ def test_tensorflow_cells_and_the_cells_that_use_their_names():
         "crash = run_tf_cluster(steps=3)",
     ])
     assert flags == [False, True, True, False, False, True]
+
+
+def test_the_plugin_and_the_notebooks_share_one_rule():
+    assert nbval_tensorflow_cells.tensorflow_cells is tensorflow_cells
+
+
+def test_installing_tensorflow_in_a_cell_is_not_a_tensorflow_cell():
+    assert tensorflow_cells(["%pip install tensorflow-cpu", "!pip install keras",
+                             "%pip install tensorflow-cpu\nimport tensorflow"]) == [False, False, True]
 
 
 def test_every_lab_keeps_its_pytorch_cells():

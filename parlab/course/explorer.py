@@ -7,6 +7,7 @@ is that pattern; the labs' modules only say what to predict and how to measure.
 """
 from __future__ import annotations
 
+from .. import missing
 
 STYLE = {"description_width": "initial"}
 
@@ -17,7 +18,7 @@ def slider(description: str, options, value=None, width: str = "340px"):
     Labels are as wide as they need (the default 80 px cuts them short); only the
     released position redraws.
     """
-    import ipywidgets as w
+    w = missing.widgets()
     layout = w.Layout(width=width)
     if isinstance(options, range) and options.step == 1:
         return w.IntSlider(value=options.start if value is None else value, min=options.start,
@@ -31,7 +32,7 @@ def slider(description: str, options, value=None, width: str = "340px"):
 
 def choice(description: str, options, value=None, width: str = "340px"):
     """A drop-down over ``options`` (a list, or a dict label -> value)."""
-    import ipywidgets as w
+    w = missing.widgets()
     opts = list(options.items()) if isinstance(options, dict) else list(options)
     first = opts[0][1] if isinstance(options, dict) else opts[0]
     return w.Dropdown(options=opts, value=first if value is None else value,
@@ -81,11 +82,13 @@ _BOX = None
 def explorer_box(children, about: str):
     """The explorer's widgets in a column that, where no live kernel draws them (an
     executed notebook opened as a file, a static viewer), reads as ``about`` instead of
-    ``VBox(children=(...`` (their text/plain)."""
+    ``VBox(children=(...`` (their text/plain). Without ipywidgets (inert stand-ins, see
+    ``parlab.missing``): what the default setting drew, static, and one line saying so."""
     global _BOX
+    w = missing.widgets()
+    if missing.is_inert(w):
+        return missing.StaticExplorer(children, about)
     if _BOX is None:
-        import ipywidgets as w
-
         class Explorer(w.VBox):
             about = ""
 
@@ -126,9 +129,12 @@ def explorer(predict, controls: dict, *, measure=None, measure_label: str = "mea
     measure(**values) -> (measured Timeline, PREDICTED Timeline) drawn side by side, a
         Figure, or text; may raise ValueError to refuse a setting (its message is shown).
         Nothing is measured unless the button is clicked.
+
+    Without ipywidgets the controls keep their default values and the explorer shows
+    that one prediction as a static figure (``explorer_box``).
     """
-    import ipywidgets as w
     from IPython.display import display
+    w = missing.widgets()
 
     from .. import plot
     out, text = w.Output(), w.HTML()
@@ -272,6 +278,6 @@ def refuse_unless_here(cluster: str, ranks: int, most: int = 4) -> None:
 
 
 def checkbox(description: str, value: bool):
-    import ipywidgets as w
+    w = missing.widgets()
     return w.Checkbox(value=value, description=description, style=STYLE,
                       layout=w.Layout(width="340px"))

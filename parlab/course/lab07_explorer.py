@@ -13,11 +13,11 @@ def strategy_explorer(here=None, *, global_batches=None, run_shape=None):
     this machine's 4 devices with ``run_shape(shape, global_batch=, steps=, micro_batches=)``
     (``lab07.run_hybrid``). Every other number is the cost model's (``parlab.sim``).
     """
-    import ipywidgets as w
-
     from .. import sim
+    from ..missing import widgets
     from ..plot.steps import plot_step_parts
     from .explorer import about_text, explorer_box, show_in
+    w = widgets()           # without ipywidgets: inert stand-ins, the default view drawn static
     workloads = sim.presets()
     clusters = {}
     if here is not None:

@@ -50,9 +50,9 @@ def zero_explorer():
     """Sliders for a model's size and the number of devices: what each ZeRO stage keeps
     per device (``zero_fit``, computed at once), and whether it fits on a 16 GB or an
     80 GB GPU."""
-    import ipywidgets as w
-
+    from ..missing import widgets
     from .explorer import about_text, explorer_box, show_in
+    w = widgets()           # without ipywidgets: inert stand-ins, the default view drawn static
     style, wide = {"description_width": "initial"}, w.Layout(width="420px")
     size = w.FloatLogSlider(value=1.5e9, base=10, min=6, max=12, step=0.05,
                             description="parameters", style=style, layout=wide,
