@@ -23,7 +23,8 @@ def test_sweep_measures_every_size_and_op(no_leftover_ranks):
     # every repeat kept, sorted: the median is the middle one
     assert all(len(r["times_s"]) == r["repeats"] and list(r["times_s"]) == sorted(r["times_s"])
                and r["times_s"][len(r["times_s"]) // 2] == r["seconds"] for r in records)
-    # bigger messages take longer: the bandwidth term is real
+    # bigger messages take longer: the bandwidth term is real (beside 3 busy loops the
+    # 16 MiB medians took 8.8-41 ms, the 4-byte ones 0.16-1.8 ms: load does not close that)
     for op in ("send_recv", "all_reduce"):
         times = [r["seconds"] for r in records if r["op"] == op]
         assert times[-1] > times[0]
@@ -65,7 +66,8 @@ def test_bench_command_prints_measured_ratios():
     assert "one span costs" in out.stdout
     from parlab import bench
     assert {"tracing_overhead", "manual_split", "vertical_slicing", "pipeline_bubble",
-            "data_parallel", "parameter_server", "hybrid", "memory", "sim"} <= set(bench.BENCHMARKS)
+            "data_parallel", "parameter_server", "hybrid", "memory", "core_waits",
+            "sim"} <= set(bench.BENCHMARKS)
     wrong = subprocess.run([sys.executable, "-m", "parlab", "bench", "--only", "nope"],
                            capture_output=True, text=True, timeout=60)
     assert wrong.returncode == 2 and "unknown benchmark 'nope'" in wrong.stdout
@@ -93,7 +95,8 @@ def test_this_machine_is_calibrated_back_to_back_and_between_messages(no_leftove
     (short, after_short), (long, after_long) = cluster.wake_curve
     assert short < long == 0.02 and after_short >= 0 and after_long == cluster.wake_latency_s
     assert cluster.cores >= 1
-    # DDP's bucket all-reduce (lab 05's hook on this MLP): its rank's time around it
+    # DDP's bucket all-reduce (lab 05's hook on this MLP): its rank's time around it. The
+    # 50 ms bounds below are far above these medians (all under 0.3 ms beside 3 busy loops)
     before, after = cluster.handoff_s
     assert 0 <= before < 0.05 and 0 < after < 0.05
     # and what DDP's wrapper adds to a step's passes (its forward and gradient hooks)

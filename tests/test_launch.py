@@ -134,6 +134,9 @@ def test_function_defined_in_a_real_notebook_cell(tmp_path):
 
 
 def test_a_raising_rank_is_named_with_its_traceback_and_the_others_are_stopped(no_leftover_ranks):
+    # The fork server up first: started cold beside 3 busy loops, it alone took 11-14 s
+    # of the 20 (torch imported on 2 loaded cores); warm, the failing launch took 0.6 s.
+    parlab.launch(workers.sum_of_ranks, 2)
     started = time.perf_counter()
     with pytest.raises(WorkerError) as info:
         parlab.launch(workers.raise_on_rank_1, 3, timeout=60)

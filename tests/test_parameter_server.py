@@ -84,7 +84,13 @@ def test_async_does_not_wait_for_a_slow_worker(no_leftover_ranks):
     count = {mode: {w: sum(a["worker"] == w for a in r.results[0]["applied"]) for w in (1, 2)}
              for mode, r in runs.items()}
     assert count["sync"][1] == count["sync"][2] == 30
-    assert count["async"][1] > count["async"][2]                   # the fast one pushes more
+    # Asynchronous: every push is an update of its own, no push waits for the other's.
+    # Which worker pushes more is timing (beside three busy loops the slow worker's fixed
+    # idle can outpace the fast worker's starved compute: 32 against 29 pushes once), so
+    # the bench prints that ratio: `python -m parlab bench --only parameter_server`.
+    assert count["async"][1] >= 1 and count["async"][2] >= 1
+    assert runs["async"].results[0]["updates"] == sum(count["async"].values())
+    assert runs["sync"].results[0]["updates"] == 30
     slow_spans = [s for s in runs["async"].timeline if s.name == "emulated slowdown"]
     assert slow_spans and {s.rank for s in slow_spans} == {2}
 

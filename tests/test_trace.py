@@ -108,8 +108,12 @@ def test_clock_alignment_lines_up_ranks_with_skewed_clocks(align, no_leftover_ra
               for r in (0, 1)}
     gaps = [abs(a - b) for a, b in zip(starts[0], starts[1])]
     if align:
+        # the shortest of 8 ping-pongs bounds the error (measured at most 1.3 ms loaded)
         assert out.results[1] == pytest.approx(-5.0, abs=0.01)
-        assert max(gaps) < 0.02, gaps
+        # A rank descheduled after the barrier starts its span late: beside 3 busy loops
+        # the gap reached 28 ms (20 ms was the bound). A tenth of the skew still tells an
+        # offset applied from one left out (5 s) or applied twice (10 s).
+        assert max(gaps) < 0.5, gaps
     else:
         assert min(gaps) > 4.9, gaps
 

@@ -1,28 +1,41 @@
 """Waiting told apart from transfer: planted delays show up as waiting, on the right rank.
 
 The split is derived from the spans of every rank on one clock (``trace.split_waits``).
-Tolerance: a planted 50 ms delay must read as 50 ms of waiting within 25 ms, and ranks
-that arrive together wait under 15 ms (scheduling on a shared 2-core machine).
+Tolerances are set by what other processes on a 2-core machine do to a real launch
+(measured quiet and beside 3 busy loops, 2026-11-28): a rank descheduled after the
+barrier enters its receive late, a late rank wakes from its sleep late, and the time a
+receive's threads waited for a core is carved out of it as ``core_wait`` (up to 86 ms of
+a 200 ms wait). So the planted 200 ms must read as 100-400 ms of waiting plus core
+wait (measured 195-232 ms beside 3 busy loops), over 50 ms of it waiting (measured 139
+ms or more); the late rank and ranks that arrive together wait under half the planted
+delay (measured at most 31 ms; with a 50 ms delay, the old 15 ms bound was read as 14
+and 31 ms beside busy loops, and the old 50 +- 25 ms as 23 and 94 ms).
 """
-import pytest
 import workers
 
 import parlab
-from parlab.trace import COMM, COMPUTE, WAIT, Span, Timeline, split_waits
+from parlab.trace import COMM, COMPUTE, CORE_WAIT, WAIT, Span, Timeline, split_waits
 
-DELAY = 0.05
+DELAY = 0.2
 
 
 def _seconds(tl, rank, kind, name):
-    return sum(s.duration for s in tl if s.rank == rank and s.kind == kind and s.name == name)
+    return sum(s.duration for s in tl if s.rank == rank and s.kind == kind
+               and s.name.startswith(name))        # "recv", "recv (core wait)"
+
+
+def _waited(tl, rank, name):
+    """(waiting, waiting plus core wait): carving the core wait moves time out of the wait."""
+    wait = _seconds(tl, rank, WAIT, name)
+    return wait, wait + _seconds(tl, rank, CORE_WAIT, name)
 
 
 def test_a_receive_from_a_late_sender_is_mostly_waiting(no_leftover_ranks):
     tl = parlab.launch(workers.late_sender, 2, args=(DELAY,)).timeline
-    waited = _seconds(tl, 0, WAIT, "recv")
+    waited, with_core = _waited(tl, 0, "recv")
     moved = _seconds(tl, 0, COMM, "recv")
-    assert waited == pytest.approx(DELAY, abs=0.025)
-    assert moved < 0.02                                  # 1 MB over loopback: about a millisecond
+    assert DELAY / 2 < with_core < 2 * DELAY and waited > DELAY / 4, (waited, with_core)
+    assert moved < 0.02          # 1 MB over loopback: about a millisecond (at most 1.1 loaded)
     assert tl.comm_bytes(0) == 1_000_000                 # the bytes stay with the transfer part
     assert tl.summary()[0]["wait_share"] > 0
 
@@ -30,14 +43,15 @@ def test_a_receive_from_a_late_sender_is_mostly_waiting(no_leftover_ranks):
 def test_a_collective_with_one_late_rank_makes_the_others_wait(no_leftover_ranks):
     tl = parlab.launch(workers.late_member, 3, args=(DELAY, 2)).timeline
     for rank in (0, 1):
-        assert _seconds(tl, rank, WAIT, "all_reduce") == pytest.approx(DELAY, abs=0.025)
-    assert _seconds(tl, 2, WAIT, "all_reduce") < 0.015   # the late rank finds everyone there
+        waited, with_core = _waited(tl, rank, "all_reduce")
+        assert DELAY / 2 < with_core < 2 * DELAY and waited > DELAY / 4, (rank, waited, with_core)
+    assert _seconds(tl, 2, WAIT, "all_reduce") < DELAY / 2   # the late rank finds everyone there
 
 
 def test_ranks_that_arrive_together_hardly_wait(no_leftover_ranks):
     tl = parlab.launch(workers.late_member, 2, args=(0.0, 1)).timeline
     for rank in (0, 1):
-        assert _seconds(tl, rank, WAIT, "all_reduce") < 0.015
+        assert _seconds(tl, rank, WAIT, "all_reduce") < DELAY / 2
 
 
 def test_the_split_on_known_spans():

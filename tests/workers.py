@@ -217,29 +217,6 @@ def late_member(rank, world_size, delay_s, late_rank):
     return rank
 
 
-def small_messages_beside_busy_ranks(rank, world_size, messages, busy_s):
-    """Rank 0 sends ``messages`` 64-byte tensors to rank 1; ranks 2 and up compute flat out
-    for ``busy_s``. Every rank runs on the same two cores (the first two this process may
-    use), so on any machine 4 ranks contend for 2 cores as on the course's laptop."""
-    import os
-    cores = sorted(os.sched_getaffinity(0))[:2]
-    os.sched_setaffinity(0, cores)
-    comm.barrier()
-    x = torch.zeros(16)
-    if rank >= 2:
-        with parlab.span("spin"):
-            end = time.perf_counter() + busy_s
-            while time.perf_counter() < end:
-                pass
-    else:
-        for _ in range(messages):
-            if rank == 0:
-                comm.send(x, dst=1)
-            else:
-                comm.recv(x, src=0)
-    return rank
-
-
 def listening_during_launch(rank, world_size, launcher_pid):
     """Listening sockets of this rank and (rank 0) of the launching process, while all run."""
     import psutil

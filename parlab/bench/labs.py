@@ -416,13 +416,16 @@ def parameter_server_bench(quick: bool = False) -> list[str]:
             stale[mode] = {w: float(np.mean([a["staleness"] for a in applied if a["worker"] == w]))
                            for w in (1, 2)}
             stale[mode]["all"] = float(np.mean([a["staleness"] for a in applied]))
+            pushes = {w: sum(a["worker"] == w for a in applied) for w in (1, 2)}
         a = stale["async"]
         lines.append(f"{model}, 1 server + 2 workers, worker rank 2 slowed 3x (emulated): "
                      f"sync {speed['sync']:,.0f}, async {speed['async']:,.0f} samples/s: "
                      f"async/sync = {speed['async'] / speed['sync']:.2f}x (a model ignoring communication and "
                      "contention predicts 2.00x)")
         lines.append(f"{model}: mean staleness async {a['all']:.2f} updates (fast worker "
-                     f"{a[1]:.2f}, slow worker {a[2]:.2f}); sync {stale['sync']['all']:.2f}")
+                     f"{a[1]:.2f}, slow worker {a[2]:.2f}); sync {stale['sync']['all']:.2f}; "
+                     f"async pushes fast/slow = {pushes[1] / max(pushes[2], 1):.2f}x "
+                     f"({pushes[1]} and {pushes[2]})")
     return lines
 
 
