@@ -86,7 +86,7 @@ def test_zero_lessons_on_the_papers_counts_and_on_planted_ones():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--lab", "99"], f"--lab must be a lab number {lessons.LABS[0]}-{lessons.LABS[-1]}"),
+    (["--lab", "99"], f"--lab must be one of {', '.join(lessons.LABS)} (e.g. --lab 06), got '99'"),
     (["--runs", "0"], "--runs must be 1 or more")])
 def test_the_command_refuses_bad_settings_by_name(args, message):
     out = subprocess.run([sys.executable, "-m", "parlab", "lessons", *args],
