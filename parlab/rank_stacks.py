@@ -142,7 +142,11 @@ def crashed_in_library(remote_traceback: str) -> str | None:
     """The installed package (e.g. "tensorflow") whose code the crashing thread was
     running when the process took a fatal signal, from the dump a death report carries;
     None where the crash was in the course's or the caller's code, or is unknown."""
-    _, frames = _crashing_thread(remote_traceback)
+    return _library_of(_crashing_thread(remote_traceback)[1])
+
+
+def _library_of(frames: list[str]) -> str | None:
+    """The installed package of the innermost of ``frames``, if it is in one."""
     found = re.search(r"[/\\](?:site|dist)-packages[/\\]([A-Za-z_][\w]*)", frames[0]) if frames else None
     return found.group(1) if found else None
 
@@ -160,7 +164,7 @@ def death_report(code, dump_path) -> tuple[str, str]:
     where = f"; last stack: {_format_frames(frames)}" if frames else ""
     fatal = dump.split("\n", 1)[1] if "Fatal Python error" in dump else ""
     is_main, crashing = _crashing_thread(dump)
-    library = crashed_in_library(fatal)
+    library = _library_of(crashing)
     if crashing and not is_main:     # name the thread that crashed, not only the main one
         where = (f"; the crash was in another thread, at {_format_frames(crashing)}"
                  + (f"; the main thread was at {_format_frames(frames)}" if frames else ""))
