@@ -178,7 +178,12 @@ def main(spec: RankSpec, conn) -> None:
         if ok:
             summary = f"crashed while leaving the process group, after returning: {summary}"
         try:
-            conn.send(("error", spec.rank, summary, traceback.format_exc(), time.time()))
+            # Two messages: the error with its frames first, made without reading a file,
+            # then the full traceback (source lines, chained causes). A library's own thread
+            # can abort the process just after its exception (TensorFlow does after a
+            # collective's timeout); what was sent by then is the report.
+            conn.send(("error", spec.rank, summary, _frames(exc), time.time()))
+            conn.send(("traceback", spec.rank, traceback.format_exc()))
         except Exception:  # noqa: BLE001 - the launcher sees the exit code instead
             pass
         ok = False
@@ -194,6 +199,14 @@ def main(spec: RankSpec, conn) -> None:
 
 def _identity(x):
     return x
+
+
+def _frames(exc: BaseException) -> str:
+    """A traceback of ``exc`` without source lines: quick, it reads no file."""
+    lines = [f'  File "{frame.f_code.co_filename}", line {lineno}, in {frame.f_code.co_name}\n'
+             for frame, lineno in traceback.walk_tb(exc.__traceback__)]
+    return ("Traceback (most recent call last):\n" + "".join(lines)
+            + f"{type(exc).__name__}: {_text(exc)}\n")
 
 
 def _text(exc: BaseException) -> str:

@@ -217,7 +217,7 @@ class _Collector:
     """Read what the ranks send until all have finished, one failed, or time ran out.
 
     A rank sends the start-up stage it is in, "started" when its worker is about to run,
-    then its result or its error.
+    then its result, or its error (frames only) and then its full traceback.
     """
 
     def __init__(self, procs, conns, dump_paths, started: float, timeout: float,
@@ -297,6 +297,9 @@ class _Collector:
                     ""))
                 return
             self.spans.extend(msg[3])
+        elif msg[0] == "traceback":   # the full text of the error this rank just sent
+            self.failures = [(when, r, summary, msg[2] if r == rank else tb)
+                             for when, r, summary, tb in self.failures]
         else:
             self.failures.append((msg[4], rank, msg[2], msg[3]))
 

@@ -93,6 +93,14 @@ def forked_copy_fails(rank, world_size):
     return "the rank's own result"
 
 
+def abort_while_the_traceback_is_made(rank, world_size):
+    """The process aborts while its error's traceback is formatted, as TensorFlow's own
+    thread can abort it a moment after a collective's timeout."""
+    import linecache
+    linecache.getlines = lambda *args, **kwargs: os.abort()
+    raise ValueError("the deadline passed")
+
+
 def nested(rank, world_size, depth, loop):
     if loop:
         result = []
@@ -125,6 +133,15 @@ def test_an_exception_whose_message_fails_keeps_its_type(no_leftover_ranks):
     assert "BadMessage: (its message could not be made: str() raised RuntimeError)" \
         in caught.value.summary
     assert "without reporting an error" not in str(caught.value)
+
+
+def test_an_error_reaches_the_launcher_even_if_the_rank_aborts_right_after(no_leftover_ranks):
+    with pytest.raises(WorkerError) as caught:
+        parlab.launch(abort_while_the_traceback_is_made, 1, process_group=False, timeout=60)
+    err = caught.value
+    assert err.rank == 0 and err.summary == "ValueError: the deadline passed"
+    assert "without reporting an error" not in str(err)
+    assert ", in abort_while_the_traceback_is_made" in err.remote_traceback
 
 
 @pytest.mark.slow
