@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import replace
 from typing import Iterable
 
@@ -85,6 +86,20 @@ def _delay(fd: int) -> float:
         return int(os.pread(fd, 64, 0).split(b" ", 2)[1]) * 1e-9
     except (OSError, IndexError):            # a thread that ended: it waits no more
         return 0.0
+
+
+def read_clock() -> tuple[float, float] | None:
+    """(seconds the calling thread has run on a core, seconds it has waited for one) so
+    far; None where the wait is not measured.
+
+    The first is ``time.thread_time()``: schedstat's own first field is brought up to date
+    only when the kernel next accounts the running thread (a tick, a switch), so a read
+    from the running thread lags by up to a tick. Between two reads, what is neither is
+    time the thread slept by its own choice: in a blocking call, or ``time.sleep``.
+    """
+    if not MEASURED:
+        return None
+    return time.thread_time(), _delay(_files.calling_thread())
 
 
 def read_seconds(every_thread: bool = False) -> float:

@@ -51,6 +51,11 @@ class LaunchResult:
     devices: DeviceSet | None
     wall_time: float
 
+    def replayed(self, link=None):
+        """This run on dedicated devices: ``sim.replay(self.timeline, link)``."""
+        from .sim import replay
+        return replay(self.timeline, link)
+
     def __repr__(self) -> str:
         where = self.devices.describe() if self.devices else f"{len(self.results)} processes"
         return (f"LaunchResult({len(self.results)} ranks in {self.wall_time:.2f} s on "

@@ -28,33 +28,40 @@ class HostTimer:
 
 
 class _SpanContext:
-    """The hot path of tracing: two timer marks, two reads of the thread's core-wait
-    counter (where the recorder measures it) and one list append per span.
+    """The hot path of tracing: two timer marks, two reads of the thread's counters (where
+    the recorder measures them) and one list append per span.
 
     A plain class rather than a generator-based context manager: it costs about a
     third as much, and spans surround every operation of a training step.
     """
 
-    __slots__ = ("rec", "kind", "name", "nbytes", "peer", "axis", "key", "start", "waited")
+    __slots__ = ("rec", "kind", "name", "nbytes", "peer", "axis", "key", "start", "waited",
+                 "clock")
 
     def __init__(self, rec, kind, name, nbytes, peer, axis, key):
         self.rec, self.kind, self.name, self.nbytes, self.peer = rec, kind, name, nbytes, peer
         self.axis, self.key = axis, key
 
     def __enter__(self):
+        self.clock = clock = core_waits.read_clock() if self.rec.core_waits else None
         # compute runs on the calling thread; communication also on the library's threads
-        self.waited = (core_waits.read_seconds(self.kind != COMPUTE) if self.rec.core_waits
-                       else None)
+        self.waited = (None if clock is None else clock[1] if self.kind == COMPUTE
+                       else core_waits.read_seconds(True))
         self.start = self.rec.timer.mark()
         return self
 
     def __exit__(self, *exc):
         rec = self.rec
         end = rec.timer.mark()
-        waited = (0.0 if self.waited is None
-                  else core_waits.read_seconds(self.kind != COMPUTE) - self.waited)
+        waited, clock = 0.0, None
+        if self.clock is not None:
+            after = core_waits.read_clock()
+            if after is not None:
+                clock = (*self.clock, *after)
+                waited = (after[1] if self.kind == COMPUTE
+                          else core_waits.read_seconds(True)) - self.waited
         rec._raw.append((self.kind, self.name, self.start, end, self.nbytes,
-                         self.peer, None, self.axis, self.key, waited))
+                         self.peer, None, self.axis, self.key, waited, clock))
         return False
 
 
@@ -101,16 +108,18 @@ class Recorder:
 
     def add(self, name: str, kind: str, start: float, end: float, bytes: int = 0, peer=None,
             lane: int | None = None, axis: str | None = None, key: tuple | None = None,
-            core_wait_s: float = 0.0):
+            core_wait_s: float = 0.0, clock: tuple | None = None):
         """Record an interval measured elsewhere (host-clock seconds on this rank).
 
         lane: draw it on another lane than this rank's, e.g. for work a background
         thread did while the rank's main thread went on (DDP's gradient all-reduce).
         core_wait_s: of the interval, the seconds the rank waited for a core, when the
         caller read ``core_waits.read_seconds`` at its ends (only if ``self.core_waits``).
+        clock: the issuing thread's ``core_waits.read_clock()`` at the start and at the end,
+        concatenated (four numbers), where the caller read them: the replay's work.
         """
         self._raw.append((kind, name, ("host", start), ("host", end), int(bytes), peer, lane,
-                          axis, key, core_wait_s))
+                          axis, key, core_wait_s, clock))
 
     def _resolve(self, mark) -> float:
         if isinstance(mark, tuple):
@@ -121,8 +130,9 @@ class Recorder:
         """All spans recorded so far, resolved to seconds on the merged clock."""
         return [
             Span(self.rank if lane is None else lane, kind, name, self._resolve(s) + self.offset,
-                 self._resolve(e) + self.offset, nbytes, peer, axis, key, waited)
-            for kind, name, s, e, nbytes, peer, lane, axis, key, waited in self._raw
+                 self._resolve(e) + self.offset, nbytes, peer, axis, key, waited, clock,
+                 None if lane is None else self.rank)
+            for kind, name, s, e, nbytes, peer, lane, axis, key, waited, clock in self._raw
         ]
 
     def timeline(self, labels: dict[int, str] | None = None) -> "Timeline":

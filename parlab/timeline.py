@@ -85,7 +85,9 @@ class Timeline:
 
     def __init__(self, spans: Iterable[Span], labels: dict[int, str] | None = None,
                  ranks: Sequence[int] | None = None):
-        self.spans: list[Span] = sorted(split_waits(core_waits.carve(spans)),
+        # as recorded (keys, counters): what sim.replay reads; a window or filter has none
+        self.recorded: list[Span] = list(spans)
+        self.spans: list[Span] = sorted(split_waits(core_waits.carve(self.recorded)),
                                         key=lambda s: (s.rank, s.start, -s.end))
         for s in self.spans:
             if s.end < s.start:
@@ -98,7 +100,7 @@ class Timeline:
     def merge(cls, timelines: Iterable["Timeline"]) -> "Timeline":
         spans, labels, ranks = [], {}, []
         for tl in timelines:
-            spans.extend(tl.spans)
+            spans.extend(tl.recorded)
             labels.update(tl.labels)
             ranks.extend(tl.ranks)
         return cls(spans, labels, ranks)

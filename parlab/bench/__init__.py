@@ -3,10 +3,10 @@
 ``registry`` (the ``@benchmark`` decorator and ``run``) is imported by each module listed
 here; importing the package registers them all: ``labs`` (tracing overhead, launch
 start-up, the GPU, one benchmark per lab), ``core_waits`` (a receiver's wait for a core
-beside busy ranks against the pair alone) and ``sim`` (the cost model against this
-machine and against published runs).
+beside busy ranks against the pair alone), ``sim`` (the cost model against this
+machine and against published runs) and ``replay`` (the replay against measurements).
 """
 from __future__ import annotations
 
-from . import core_waits, labs, sim  # noqa: F401 - importing registers their benchmarks
+from . import core_waits, labs, replay, sim  # noqa: F401 - importing registers their benchmarks
 from .registry import BENCHMARKS, benchmark, run  # noqa: F401

@@ -6,7 +6,8 @@ with two functions: an *experiment*, which runs what the notebook runs and retur
 numbers the claim is about, and a *check*, which reads those numbers and says whether
 this run showed the claim, with the figures, and if not, why (measured: e.g. how much of
 the ranks' time went to waiting for a core). The notebook calls the same check on the
-numbers it just measured and prints one line; ``python -m parlab lessons`` runs the
+numbers it just measured and prints one line (numbers with a "source", e.g. "replayed on
+2 dedicated devices, this machine's link", say so in it); ``python -m parlab lessons`` runs the
 experiments several times, without the notebooks, and counts how often each lesson
 showed: the course's measure of whether its labs teach what they say, on this machine.
 """
@@ -38,11 +39,13 @@ class Verdict:
     shown: bool
     figures: str
     why: str = ""
+    source: str = ""    # what the lesson read, where not the measurement: "replayed on ..."
 
     def __str__(self) -> str:
+        read = f" ({self.source})" if self.source else ""
         if self.shown:
-            return f"lesson {self.lesson}: shown — {self.figures}"
-        return (f"lesson {self.lesson}: not shown on this run — {self.figures}"
+            return f"lesson {self.lesson}: shown{read} — {self.figures}"
+        return (f"lesson {self.lesson}: not shown on this run{read} — {self.figures}"
                 + (f"; {self.why}" if self.why else ""))
 
     __repr__ = __str__
@@ -83,7 +86,8 @@ def evaluate(name: str, numbers: dict) -> Verdict:
     except KeyError:
         raise KeyError(f"no lesson {name!r}; the lessons are {sorted(_LESSONS)}") from None
     shown, figures, why = found.check(numbers)
-    return Verdict(name, bool(shown), figures, "" if shown else why)
+    source = numbers.get("source", "") if isinstance(numbers, dict) else ""
+    return Verdict(name, bool(shown), figures, "" if shown else why, source)
 
 
 _SHOWN: dict[str, Verdict] = {}     # the latest verdict of each lesson in this process

@@ -10,7 +10,8 @@ pipeline) has the same colour in every figure of every lab. The colours are Okab
 Ito's ("Color Universal Design", 2008), told apart with every common colour-vision
 deficiency; waiting is also hatched, so it never reads as transfer, even in grey, and
 waiting for a core is a darker grey than idle, cross-hatched: the rank was ready, the
-machine was not.
+machine was not. Three sources, told apart at a glance: measured bars have white edges,
+replayed bars black outlines, predicted bars are dotted.
 Legends sit beside the axes, never on the data; a bar's name is written only where it fits.
 """
 from __future__ import annotations
@@ -22,12 +23,14 @@ OKABE_ITO = {"black": "#000000", "orange": "#E69F00", "sky blue": "#56B4E9",
              "bluish green": "#009E73", "yellow": "#F0E442", "blue": "#0072B2",
              "vermillion": "#D55E00", "reddish purple": "#CC79A7"}
 PREDICTED = "predicted"     # a kind of its own in figures: drawn by the cost model, not measured
+REPLAYED = "replayed"       # and this: the run's measured work laid out on dedicated devices
 COLORS = {COMPUTE: OKABE_ITO["blue"], COMM: OKABE_ITO["orange"], WAIT: OKABE_ITO["vermillion"],
           CORE_WAIT: "#8C8C8C", IDLE: "#E4E4E4", PREDICTED: OKABE_ITO["black"]}
 # wait striped: never mistaken for transfer; a core wait crossed: never mistaken for idle
 HATCHES = {WAIT: "///", CORE_WAIT: "xx", PREDICTED: ".."}
 LABELS = {COMPUTE: "compute", COMM: "transfer", WAIT: "wait", CORE_WAIT: "waiting for a core",
-          IDLE: "idle", PREDICTED: "predicted (cost model)"}
+          IDLE: "idle", PREDICTED: "predicted (cost model)",
+          REPLAYED: "replayed (this run's work, dedicated devices)"}
 FONT = 15                   # read from the back of a classroom: titles FONT+1, ticks FONT-2
 
 # Phases of a step keep one colour everywhere, chosen apart from the kinds' transfer

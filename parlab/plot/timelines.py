@@ -5,7 +5,7 @@ from typing import Sequence
 
 from ..trace import COMM, COMPUTE, CORE_WAIT, IDLE, WAIT, Timeline
 from .style import (COLORS, FONT, HATCHES, LABELS, OKABE_ITO, PHASE_LABELS, PREDICTED,
-                    bar_label, finish, index_of, phase_color, phase_of, phase_rank, pyplot)
+                    REPLAYED, bar_label, finish, index_of, phase_color, phase_of, phase_rank, pyplot)
 
 
 def timeline(tl: Timeline, *, title: str | None = None, ax=None, names: bool = True,
@@ -36,6 +36,7 @@ def timeline(tl: Timeline, *, title: str | None = None, ax=None, names: bool = T
         raise ValueError(f"color_by must be 'kind', 'name', 'axis' or 'index', got {color_by!r}")
     if predicted is None:
         predicted = getattr(tl, "predicted", False)
+    replayed = getattr(tl, "replayed", False) and not predicted
     plt = pyplot()
     scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
     own = ax is None
@@ -84,8 +85,9 @@ def timeline(tl: Timeline, *, title: str | None = None, ax=None, names: bool = T
         for seg in lanes[rank]:
             left, w = (seg.start - t0) * scale, (seg.end - seg.start) * scale
             c, h = color(seg), hatch(seg)
-            ax.barh(y, w, left=left, height=0.72, color=c, hatch=h,
-                    edgecolor="white" if seg.kind != IDLE else "none", linewidth=0.6)
+            edge = "none" if seg.kind == IDLE else "black" if replayed else "white"
+            ax.barh(y, w, left=left, height=0.72, color=c, hatch=h, edgecolor=edge,
+                    linewidth=0.8 if replayed else 0.6)
             if names and seg.kind != IDLE and seg.name:
                 bar_label(ax, left, left + w, y, seg.name, c, boxed=bool(h))
     ax.set_yticks(range(len(tl.ranks)))
@@ -97,7 +99,8 @@ def timeline(tl: Timeline, *, title: str | None = None, ax=None, names: bool = T
     ax._parlab_timeline = True
     ax.set_xlim(0, right)
     ax.set_ylim(-0.6, len(tl.ranks) - 0.4)
-    kind = "predicted (cost model)" if predicted else "measured"
+    kind = ("predicted (cost model)" if predicted else "replayed on dedicated devices"
+            if replayed else "measured")
     ax.set_title(title or f"{kind} timeline", fontsize=FONT + 1)
     if color_by == "name":
         # names that share a colour (lab 06's "sum gradients" is compute, like "forward")
@@ -125,6 +128,8 @@ def timeline(tl: Timeline, *, title: str | None = None, ax=None, names: bool = T
     entries += [(LABELS[k], COLORS[k], HATCHES.get(k)) for k in kinds]
     if predicted:
         entries.append((LABELS[PREDICTED], "white", HATCHES[PREDICTED]))
+    if replayed:
+        entries.append((LABELS[REPLAYED], "white", None))
     handles = [plt.Rectangle((0, 0), 1, 1, facecolor=c, hatch=h,
                              edgecolor="black" if c == "white" else "white", linewidth=0.6)
                for _, c, h in entries]

@@ -105,6 +105,10 @@ published runs split into a fitting and a held-out set before any prediction:
 ``validate.lines()`` (held out, predicted once: 41 of 47 expressible within 15 %, median
 error 6.2 %); against this machine: ``python -m parlab bench --only sim``.
 
+The replay (not a prediction: a measured run's own work on dedicated devices):
+``replay(run.timeline, link)`` -> ``ReplayedTimeline`` (``replay``, ``replay_program``);
+links: a ``Link``, ``TwoTier(inside, between, node_size)``, ``link_preset(name)``.
+
 The summary model (lab 07, and runs of thousands of GPUs): ``Workload``, ``Plan``,
 ``predict(w, cluster, plan, batch, overlap_dp=, zero=, sharding=, chunks=, bounds=,
 overlap_tp=)`` -> ``Prediction``, ``plans``, ``calibrated``, ``with_links``, ``presets``
@@ -120,6 +124,7 @@ from .engine import Deadlock, PredictedTimeline
 from .memory import DoesNotFit, Memory, memory, memory_per_device, parameter_server_memory
 from .model import (AXES, Cluster, Link, Plan, Prediction, Workload, all_reduce_s, bubble,
                     calibrated, measured_link, plans, predict, presets, send_s, with_links)
+from .replay import ReplayedTimeline, ReplayStuck, TwoTier, link_preset, replay
 from .servers import parameter_server
 from .strategies import STRATEGIES, timeline
 from .timelines import (all_gather_s, data_parallel, hybrid, manual_split, pipeline,
@@ -133,5 +138,5 @@ __all__ = [
     "manual_split", "measured_link", "memory", "memory_per_device", "parameter_server",
     "parameter_server_memory", "pipeline", "plans", "predict", "presets", "published", "send_s",
     "single_device", "t4_pcie", "tensor_parallel", "timeline", "v100_dgx2h",
-    "with_links",
+    "with_links", "replay", "ReplayedTimeline", "ReplayStuck", "TwoTier", "link_preset",
 ]

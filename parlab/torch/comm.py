@@ -76,10 +76,11 @@ def _next(counter: tuple) -> int:
     return _COUNT[counter]
 
 
-def collective_key(group) -> tuple:
-    """("coll", ("c", ranks, k)): the k-th collective this rank issues on ``group``."""
+def collective_key(group, op: str) -> tuple:
+    """(op, ("c", ranks, k)): the k-th collective this rank issues on ``group``, an ``op``
+    ("all_reduce", "all_gather", ...: what the replay prices it as)."""
     ranks = _ranks(pg_of(group))
-    return ("coll", ("c", ranks, _next(("c", ranks))))
+    return (op, ("c", ranks, _next(("c", ranks))))
 
 
 def message_key(role: str, src: int, dst: int, group, tag: int = 0) -> tuple:
@@ -205,6 +206,7 @@ def recv_any(tensor: torch.Tensor, *, group=None, tag: int = 0, name: str = "rec
     staged = _staged(tensor)
     wire = torch.empty_like(tensor, device="cpu") if staged else tensor
     counted = rec.enabled and rec.core_waits
+    clock = core_waits.read_clock() if counted else None
     waited = core_waits.read_seconds(every_thread=True) if counted else 0.0
     start = time.perf_counter()
     sender = dist.recv(wire, None, group=pg_of(group), tag=tag)
@@ -212,8 +214,10 @@ def recv_any(tensor: torch.Tensor, *, group=None, tag: int = 0, name: str = "rec
     key = message_key("recv", sender, dist.get_rank(), group, tag)
     if rec.enabled:
         waited = core_waits.read_seconds(every_thread=True) - waited if counted else 0.0
+        after = core_waits.read_clock() if clock is not None else None
         rec.add(name, kind, start, end, nbytes(tensor), peer=sender,
-                axis=axis_of(pg_of(group)), key=key, core_wait_s=waited)
+                axis=axis_of(pg_of(group)), key=key, core_wait_s=waited,
+                clock=(*clock, *after) if after is not None else None)
     if staged:
         _to_device(tensor, wire, name)
     return sender
@@ -222,7 +226,7 @@ def recv_any(tensor: torch.Tensor, *, group=None, tag: int = 0, name: str = "rec
 def all_reduce(tensor: torch.Tensor, op: str = "sum", *, group=None,
                name: str = "all_reduce") -> torch.Tensor:
     """Reduce ``tensor`` over the group's ranks in place (op: sum, avg, max, min, product)."""
-    key = collective_key(group)
+    key = collective_key(group, "all_reduce")
     wire = _to_host(tensor, name) if _staged(tensor) else tensor
     with _traced(name, nbytes(tensor), group, key=key):
         dist.all_reduce(wire, op=_reduce_op(op), group=pg_of(group))
@@ -243,7 +247,7 @@ def all_reduce_async(tensor: torch.Tensor, *, lane: int | None = None, group=Non
     once the collective's work has completed.
     """
     rec, start, size = recorder(), time.perf_counter(), nbytes(tensor)
-    axis, key = axis_of(pg_of(group)), collective_key(group)
+    axis, key = axis_of(pg_of(group)), collective_key(group, "all_reduce")
     # Staged (ranks sharing a GPU): the copy to host is part of this span, the copy back
     # happens when the reduced host buffer arrives, before the future completes.
     wire = tensor.detach().to("cpu", copy=True).contiguous() if _staged(tensor) else tensor
@@ -263,7 +267,7 @@ def all_reduce_async(tensor: torch.Tensor, *, lane: int | None = None, group=Non
 
 def all_gather(tensor: torch.Tensor, *, group=None, name: str = "all_gather") -> list[torch.Tensor]:
     """Every group member's ``tensor``, in group order, on every member."""
-    key = collective_key(group)
+    key = collective_key(group, "all_gather")
     if _staged(tensor):
         host = _to_host(tensor.contiguous(), name)
         wires = [torch.empty_like(host) for _ in range(get_world_size(group))]
@@ -291,7 +295,7 @@ def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, group=None,
         raise ValueError(
             f"reduce_scatter splits dim 0 into {world_size} equal chunks, but it has "
             f"{tensor.shape[0]} rows: pad it to a multiple of {world_size}.")
-    key = collective_key(group)
+    key = collective_key(group, "reduce_scatter")
     staged = _staged(tensor)
     source = _to_host(tensor, name) if staged else tensor
     chunks = [c.contiguous() for c in source.chunk(world_size)]
@@ -310,7 +314,7 @@ def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, group=None,
 def broadcast(tensor: torch.Tensor, src: int, *, group=None,
               name: str = "broadcast") -> torch.Tensor:
     """Copy ``tensor`` from global rank ``src`` to every member of the group, in place."""
-    key = collective_key(group)
+    key = collective_key(group, "broadcast")
     wire = _to_host(tensor, name) if _staged(tensor) else tensor
     with _traced(name, nbytes(tensor), group, peer=src, key=key):
         dist.broadcast(wire, src, group=pg_of(group))
@@ -321,5 +325,5 @@ def broadcast(tensor: torch.Tensor, src: int, *, group=None,
 
 def barrier(*, group=None, name: str = "barrier") -> None:
     """Wait until every member arrives; recorded as a communication span of 0 bytes."""
-    with _traced(name, 0, group, key=collective_key(group)):
+    with _traced(name, 0, group, key=collective_key(group, "barrier")):
         dist.barrier(group=pg_of(group))

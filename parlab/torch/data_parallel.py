@@ -127,8 +127,8 @@ def train_data_parallel(rank: int, world_size: int, mode: str = "by_hand", model
     # CPU, where host times are exact, the last gradient's arrival splits it into the
     # backward computation and the wait for the buckets still travelling.
     split_backward = mode.startswith("ddp") and device.type == "cpu"
-    counted = recorder().core_waits     # read the core-wait counter at the split, too
-    last_grad = [0.0, 0.0]              # when the last gradient was ready; the counter then
+    counted = recorder().core_waits     # read the thread's counters at the split, too
+    last_grad = [0.0, (0.0, 0.0)]       # when the last gradient was ready; the counters then
     if mode.startswith("ddp"):
         from torch.nn.parallel import DistributedDataParallel
         net = DistributedDataParallel(net, bucket_cap_mb=bucket_mb, process_group=g.pg)
@@ -137,7 +137,7 @@ def train_data_parallel(rank: int, world_size: int, mode: str = "by_hand", model
             for p in net.parameters():
                 p.register_post_accumulate_grad_hook(lambda _p: last_grad.__setitem__(
                     slice(None), [time.perf_counter(),
-                                  core_waits.read_seconds() if counted else 0.0]))
+                                  core_waits.read_clock() if counted else (0.0, 0.0)]))
     opt = torch.optim.SGD(net.parameters(), lr=lr)
     loss_fn = nn.CrossEntropyLoss()
     batches = training.digit_batches(model, global_batch)
@@ -151,17 +151,21 @@ def train_data_parallel(rank: int, world_size: int, mode: str = "by_hand", model
         with span("forward"):
             loss = loss_fn(net(x), y)
         if split_backward:
-            w0 = core_waits.read_seconds() if counted else 0.0
+            c0 = core_waits.read_clock() if counted else None
             b0 = time.perf_counter()
             loss.backward()            # buckets are all-reduced in the background meanwhile
             b1 = time.perf_counter()
-            w1 = core_waits.read_seconds() if counted else 0.0
-            # the autograd hooks run on this thread: the counter at the last one splits
+            c1 = core_waits.read_clock() if counted else None
+            # the autograd hooks run on this thread: its counters at the last one split
             # the waits for a core between the backward pass and the wait for buckets
+            cm = last_grad[1]
+            ok = c0 is not None and c1 is not None and cm is not None
             recorder().add("backward", COMPUTE, b0, last_grad[0],
-                           core_wait_s=last_grad[1] - w0 if counted else 0.0)
+                           core_wait_s=cm[1] - c0[1] if ok else 0.0,
+                           clock=(*c0, *cm) if ok else None)
             recorder().add("wait for buckets", WAIT, last_grad[0], b1,
-                           core_wait_s=w1 - last_grad[1] if counted else 0.0)
+                           core_wait_s=c1[1] - cm[1] if ok else 0.0,
+                           clock=(*cm, *c1) if ok else None)
         else:
             with span("backward"):
                 loss.backward()        # DDP on a GPU: bucket waiting included

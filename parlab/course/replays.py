@@ -1,0 +1,46 @@
+"""The replay in the labs: this machine's idle link, measured once and kept.
+
+A replay prices each message on a link (``sim.replay``). By default that is this
+machine's own link when nothing else runs: lab 00's ping-pong between two ranks, each
+pinned to a core of its own. Measured once, then kept in ``sim.replay.LINK_CACHE``, so
+every later lab (and every run of the lessons) replays on the same link.
+"""
+from __future__ import annotations
+
+from .. import sim
+from ..launcher import launch
+from ..sim.replay import idle_link as kept_link, save_idle_link
+from ..torch.bandwidth import sweep
+
+SIZES = (4096, 65536, 262144, 1 << 20, 4 << 20)
+
+
+def idle_link(refresh: bool = False, timeout: float = 120.0) -> sim.Link:
+    """This machine's idle link (alpha, beta), measured by a ping-pong sweep the first time.
+
+    Each size's lower quartile stands for the idle machine: a repetition the scheduler
+    delayed (another program, a busy loop) is slower, never faster. ``refresh``: measure
+    again.
+    """
+    if not refresh and (link := kept_link()) is not None:
+        return link
+    from ..metrics import fit_link
+    run = launch(sweep, 2, kwargs={"sizes": SIZES, "ops": ("send_recv",)}, timeout=timeout,
+                 pin_cores=True)
+    records = run.results[0]
+    fit = fit_link([r["bytes"] for r in records], [r["lower_quartile_s"] for r in records])
+    link = sim.Link(fit.latency_s, fit.bandwidth_Bps)
+    save_idle_link(link, "ping-pong of two pinned ranks, lower quartile per size")
+    return link
+
+
+def replayed(run, link=None):
+    """``run`` (a LaunchResult) replayed on dedicated devices, on this machine's idle link
+    unless told otherwise."""
+    return sim.replay(run.timeline, link if link is not None else idle_link())
+
+
+def source(tl, link: str = "this machine's idle link") -> str:
+    """What a lesson read from a replay, for its verdict: "replayed on 2 dedicated devices,
+    this machine's idle link"."""
+    return f"replayed on {tl.notes.get('devices', len(tl.ranks))} dedicated devices, {link}"

@@ -1,0 +1,195 @@
+"""The replay (parlab.sim.replay) on hand-built traces, against timelines computed by hand.
+
+Link in every test: alpha 1 ms, beta 1 MB/s, so a 1000-byte message costs 2 ms. Times are
+seconds; a span's clock is (ran, waited) of its thread at its start, then at its end.
+"""
+import random
+
+import pytest
+
+from parlab import sim
+from parlab.trace import COMM, COMPUTE, WAIT, Span, Timeline
+
+LINK = sim.Link(1e-3, 1e6)
+MS = 1e-3
+
+
+def work(rank, name, start, end, waited_before=0.0, waited=0.0):
+    """A compute span that waited ``waited`` seconds for a core (its counter moved so)."""
+    return Span(rank, COMPUTE, name, start, end, clock=(0.0, waited_before, 0.0,
+                                                         waited_before + waited))
+
+
+def op(rank, kind, name, start, end, key, nbytes=1000, waited_before=0.0, ran=0.0):
+    """An operation whose thread ran ``ran`` seconds in it (posting), the rest blocked."""
+    return Span(rank, kind, name, start, end, nbytes, None, None, key,
+                clock=(0.0, waited_before, ran, waited_before))
+
+
+def msg(role, src, dst, seq=0):
+    return (role, ("p", (0, 1), src, dst, 0, seq))
+
+
+def coll(ranks, seq=0, op_name="all_reduce"):
+    return (op_name, ("c", tuple(ranks), seq))
+
+
+def spans_of(tl, rank, kind=None):
+    return [(s.name, round(s.start / MS, 6), round(s.end / MS, 6)) for s in tl.spans
+            if s.rank == rank and (kind is None or s.kind == kind)]
+
+
+def test_a_send_and_a_receive_lose_the_core_wait_and_pay_the_link():
+    spans = [work(0, "forward", 0.0, 10 * MS, waited=4 * MS),          # 6 ms of work
+             op(0, COMM, "send", 10 * MS, 30 * MS, msg("send", 0, 1), waited_before=4 * MS),
+             op(1, COMM, "recv", 0.0, 31 * MS, msg("recv", 0, 1)),
+             work(1, "backward", 31 * MS, 40 * MS, waited=4 * MS)]      # 5 ms of work
+    tl = sim.replay(Timeline(spans), LINK)
+    assert isinstance(tl, sim.ReplayedTimeline) and tl.replayed
+    # rank 1 waits for the send to start (6 ms), then the transfer (2 ms), then computes
+    assert spans_of(tl, 0) == [("forward", 0.0, 6.0), ("send", 6.0, 6.0), ("send", 6.0, 8.0)] \
+        or spans_of(tl, 0) == [("forward", 0.0, 6.0), ("send", 6.0, 8.0)]
+    assert spans_of(tl, 1, WAIT) == [("recv", 0.0, 6.0)]
+    assert spans_of(tl, 1, COMM) == [("recv", 6.0, 8.0)]
+    assert spans_of(tl, 1, COMPUTE) == [("backward", 8.0, 13.0)]
+    assert tl.labels[1] == "rank 1 · replayed on a dedicated device"
+
+
+def test_a_collective_ends_a_ring_time_after_its_last_member_arrives():
+    spans = [work(0, "forward", 0.0, 3 * MS), op(0, COMM, "all_reduce", 3 * MS, 20 * MS, coll((0, 1))),
+             work(1, "forward", 0.0, 9 * MS, waited=2 * MS),             # 7 ms: the straggler
+             op(1, COMM, "all_reduce", 9 * MS, 21 * MS, coll((0, 1)), waited_before=2 * MS)]
+    tl = sim.replay(Timeline(spans), LINK)
+    ring = sim.all_reduce_s(1000, 2, LINK)                             # 2 alpha + S / beta = 3 ms
+    assert ring == pytest.approx(3 * MS)
+    assert spans_of(tl, 0, WAIT) == [("all_reduce", 3.0, 7.0)]       # waits for the straggler
+    for rank in (0, 1):
+        assert spans_of(tl, rank, COMM) == [("all_reduce", 7.0, 10.0)]
+
+
+def test_an_isend_overlaps_the_senders_work_and_the_wait_ends_with_the_transfer():
+    spans = [op(0, COMM, "isend", 0.0, 0.5 * MS, msg("isend", 0, 1), ran=0.5 * MS),
+             work(0, "forward", 0.5 * MS, 10.5 * MS),
+             Span(0, WAIT, "wait sends", 10.5 * MS, 11 * MS, clock=(0, 0, 0, 0)),
+             work(1, "forward", 0.0, 3 * MS),
+             op(1, COMM, "recv", 3 * MS, 12 * MS, msg("recv", 0, 1))]
+    tl = sim.replay(Timeline(spans), LINK)
+    # the isend posts in 0.5 ms; the receive starts at 3 ms and takes the 2 ms transfer
+    assert spans_of(tl, 1, COMM) == [("recv", 3.0, 5.0)]
+    assert spans_of(tl, 0, COMPUTE) == [("forward", 0.5, 10.5)]
+    # the message was delivered at 5 ms, long before rank 0 waits for it: nothing to wait
+    assert spans_of(tl, 0, WAIT) == [("wait sends", 10.5, 10.5)] or spans_of(tl, 0, WAIT) == []
+
+
+def test_a_wait_ends_when_the_message_it_waits_for_is_delivered():
+    spans = [op(0, COMM, "isend", 0.0, 0.5 * MS, msg("isend", 0, 1), ran=0.5 * MS),
+             work(0, "forward", 0.5 * MS, 1.5 * MS),
+             Span(0, WAIT, "wait sends", 1.5 * MS, 30 * MS, clock=(0, 0, 0, 0)),
+             work(1, "forward", 0.0, 8 * MS),
+             op(1, COMM, "recv", 8 * MS, 31 * MS, msg("recv", 0, 1))]
+    tl = sim.replay(Timeline(spans), LINK)
+    assert spans_of(tl, 0, WAIT) == [("wait sends", 1.5, 10.0)]      # recv at 8 + 2 ms
+
+
+def test_background_collectives_run_beside_the_work_and_in_issue_order():
+    """DDP: two buckets issued during backward on lanes 2 and 3, then a wait for them."""
+    spans = []
+    for rank, slow in ((0, 0.0), (1, 2 * MS)):
+        spans += [work(rank, "backward", 0.0, 10 * MS + slow),
+                  Span(rank, WAIT, "wait for buckets", 10 * MS + slow, 40 * MS, clock=(0, 0, 0, 0))]
+        for seq, issued in ((0, 4 * MS), (1, 8 * MS)):
+            spans.append(Span(2 + rank, COMM, f"bucket {seq}", issued + slow / 2, 39 * MS, 1000,
+                              key=coll((0, 1), seq), issuer=rank))
+    tl = sim.replay(Timeline(spans), LINK)
+    # bucket 0: issued at 4 ms on rank 0 and at 5 ms on rank 1: 5 .. 8; bucket 1: issued at
+    # 8 and 9, after bucket 0 ended (8): 9 .. 12. Rank 1's backward ends at 12: no wait.
+    assert spans_of(tl, 3, COMM) == [("bucket 0", 5.0, 8.0), ("bucket 1", 9.0, 12.0)]
+    assert spans_of(tl, 0, WAIT) == [("wait for buckets", 10.0, 12.0)]
+    assert spans_of(tl, 1, WAIT) in ([("wait for buckets", 12.0, 12.0)], [])
+    assert "replayed" in tl.labels[2]
+
+
+def test_a_span_inside_an_operation_keeps_its_share_of_it_and_work_between_spans_counts():
+    spans = [work(0, "data", 0.0, 2 * MS),
+             work(0, "forward", 4 * MS, 6 * MS),                    # 2 ms untraced before it
+             op(0, COMM, "send", 6 * MS, 8 * MS, msg("send", 0, 1)),
+             op(1, COMM, "recv", 0.0, 8 * MS, msg("recv", 0, 1))]
+    tl = sim.replay(Timeline(spans), LINK)
+    assert spans_of(tl, 0, COMPUTE) == [("data", 0.0, 2.0), ("forward", 4.0, 6.0)]
+    assert spans_of(tl, 1, COMM) == [("recv", 6.0, 8.0)]
+
+
+def _random_trace(seed: int):
+    """Three ranks, random work, messages around a ring and all-reduces, on a busy clock."""
+    rnd = random.Random(seed)
+    spans, clock = [], {r: 0.0 for r in range(3)}
+    waited = {r: 0.0 for r in range(3)}
+    for step in range(6):
+        for r in range(3):
+            t, w = clock[r], rnd.uniform(0, 3) * MS
+            spans.append(work(r, "forward", t, t + rnd.uniform(1, 5) * MS + w, waited[r], w))
+            waited[r] += w
+            clock[r] = spans[-1].end
+        for r in range(3):
+            right, left = (r + 1) % 3, (r - 1) % 3
+            key_out = ("isend", ("p", (0, 1, 2), r, right, 0, step))
+            key_in = ("recv", ("p", (0, 1, 2), left, r, 0, step))
+            t = clock[r]
+            spans.append(Span(r, COMM, "isend", t, t + 0.1 * MS, 500, right, None, key_out,
+                              clock=(0, waited[r], 0, waited[r])))
+            spans.append(Span(r, COMM, "recv", t + 0.1 * MS, t + 9 * MS, 500, left, None, key_in,
+                              clock=(0, waited[r], 0, waited[r])))
+            spans.append(Span(r, WAIT, "wait sends", t + 9 * MS, t + 10 * MS,
+                              clock=(0, waited[r], 0, waited[r])))
+            clock[r] = t + 10 * MS
+        end = max(clock.values()) + 1 * MS
+        for r in range(3):
+            spans.append(Span(r, COMM, "all_reduce", clock[r], end, 2000, None, None,
+                              coll((0, 1, 2), step), clock=(0, waited[r], 0, waited[r])))
+            clock[r] = end
+    rnd.shuffle(spans)
+    return spans
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_replay_keeps_each_ranks_order_and_never_receives_before_the_send(seed):
+    spans = _random_trace(seed)
+    tl = sim.replay(Timeline(spans), LINK)
+    for r in range(3):
+        measured = sorted((s for s in spans if s.rank == r), key=lambda s: s.start)
+        replayed = sorted((s for s in tl.recorded if s.rank == r), key=lambda s: (s.start, s.end))
+        assert [s.name for s in replayed] == [s.name for s in measured]
+        assert all(a.end <= b.start + 1e-12 for a, b in zip(replayed, replayed[1:]))
+    sent = {s.key[1]: s for s in tl.recorded if s.key and s.key[0] == "isend"}
+    for s in tl.recorded:
+        if s.key and s.key[0] == "recv":
+            assert s.end >= sent[s.key[1]].start + LINK.time(500) - 1e-12
+    # dedicated devices: no rank waits for a core, and the replay is no longer than the run
+    assert tl.duration <= Timeline(spans).duration
+
+
+def test_what_a_replay_refuses_is_named():
+    spans = [work(0, "forward", 0.0, 1 * MS), op(0, COMM, "send", 1 * MS, 2 * MS, msg("send", 0, 1)),
+             op(1, COMM, "recv", 0.0, 2 * MS, msg("recv", 0, 1))]
+    tl = Timeline(spans)
+    with pytest.raises(ValueError, match="replay the run's whole timeline, then take its steps"):
+        sim.replay(tl.window(0.0, 1.5 * MS), LINK)
+    with pytest.raises(ValueError, match="not a replayed or predicted one"):
+        sim.replay(sim.replay(tl, LINK), LINK)
+    with pytest.raises(TypeError, match="sim.Link or a sim.TwoTier"):
+        sim.replay(tl, 1e9)
+    with pytest.raises(ValueError, match="node_size"):
+        sim.TwoTier(LINK, LINK, 0)
+    with pytest.raises(ValueError, match="nvlink"):
+        sim.link_preset("carrier pigeon")
+
+
+def test_a_two_tier_link_prices_messages_between_nodes_at_the_slow_link():
+    slow = sim.Link(10e-3, 1e5)
+    spans = [op(0, COMM, "send", 0.0, 1 * MS, ("send", ("p", (0, 1, 2, 3), 0, 1, 0, 0))),
+             op(1, COMM, "recv", 0.0, 1 * MS, ("recv", ("p", (0, 1, 2, 3), 0, 1, 0, 0))),
+             op(2, COMM, "send", 0.0, 1 * MS, ("send", ("p", (0, 1, 2, 3), 2, 1, 0, 0))),
+             op(1, COMM, "recv", 1 * MS, 2 * MS, ("recv", ("p", (0, 1, 2, 3), 2, 1, 0, 0)))]
+    tl = sim.replay(Timeline(spans), sim.TwoTier(LINK, slow, node_size=2))
+    # 0 -> 1 inside a node: 2 ms; 2 -> 1 between nodes: 10 ms + 1000 B / 100 kB/s = 20 ms
+    assert spans_of(tl, 1, COMM) == [("recv", 0.0, 2.0), ("recv", 2.0, 22.0)]
