@@ -9,8 +9,10 @@ who waited for whom. This is trace-driven simulation, as Dimemas replays MPI tra
 * **work** is the run's own, measured (``replay_program``: wall time less the time the
   thread waited for a core);
 * **order**: a rank's spans stay in program order; nothing is reordered;
-* **messages** cost alpha + S / beta on the chosen ``link``: a receive (or a blocking send)
-  ends that long after both ends have started; an ``isend`` only posts and goes on;
+* **messages** cost alpha + S / beta on the chosen ``link``, from the moment the send
+  starts (eager: the data is on its way whether or not the receive is posted yet); a
+  receive ends when it has started and the data has arrived; a blocking send when its
+  data has arrived; an ``isend`` only posts and goes on (a wait ends with delivery);
 * **collectives** start when their last member arrives and cost the ring algorithm's
   alpha-beta time (``collective_s``); a background collective (DDP's buckets) starts
   when issued and after its rank's previous one, and runs beside the rank's work;
@@ -248,13 +250,16 @@ class _Engine:
             side = "recv" if op.role == "recv" else "send"
             if first:
                 msg[side] = op.start
-            if op.match not in self.done and "send" in msg and "recv" in msg:
+            if "send" in msg and "arrives" not in msg:   # the data leaves as the send starts
                 _, _, src, dst, *_ = op.match
-                self.done[op.match] = (max(msg["send"], msg["recv"])
-                                       + self._link((src, dst)).time(self._bytes(op.match)))
+                msg["arrives"] = msg["send"] + self._link((src, dst)).time(self._bytes(op.match))
+            if op.match not in self.done and "arrives" in msg and "recv" in msg:
+                self.done[op.match] = max(msg["arrives"], msg["recv"])
             if op.role == "isend":      # posted: the transfer goes on without the rank
                 self.pending[rank].append(op.match)
                 end = op.start + op.own_s
+            elif op.role == "send":     # blocking: until its data has arrived
+                end = msg["arrives"]
             elif op.match in self.done:
                 end = self.done[op.match]
             else:
