@@ -52,8 +52,12 @@ class _Files:
         return fd
 
     def every_thread(self) -> list[int]:
-        """The files of every live thread; relisted only when the thread count changed
-        (a new process group starts threads of its own), which a stat tells cheaply."""
+        return list(self.by_thread().values())
+
+    def by_thread(self) -> dict[str, int]:
+        """The files of every live thread, by thread id; relisted only when the thread
+        count changed (a new process group starts threads of its own), which a stat tells
+        cheaply."""
         links = os.stat(TASKS).st_nlink
         if links != self.links:
             live = set(os.listdir(TASKS))
@@ -65,7 +69,7 @@ class _Files:
                 except FileNotFoundError:     # the thread ended between list and open
                     pass
             self.links = links
-        return list(self.tasks.values())
+        return self.tasks
 
 
 _files = _Files()
@@ -100,6 +104,23 @@ def read_clock() -> tuple[float, float] | None:
     if not MEASURED:
         return None
     return time.thread_time(), _delay(_files.calling_thread())
+
+
+def read_counters() -> tuple[float, float, float] | None:
+    """``read_clock()`` and ``read_seconds(every_thread=True)`` in one pass over the
+    threads' files (a communication span reads both at each edge); None where not
+    measured."""
+    if not MEASURED:
+        return None
+    own, total, mine = str(threading.get_native_id()), 0.0, None
+    for tid, fd in _files.by_thread().items():
+        waited = _delay(fd)
+        total += waited
+        if tid == own:
+            mine = waited
+    if mine is None:                          # a thread started since the last listing
+        mine = _delay(_files.calling_thread())
+    return time.thread_time(), mine, total
 
 
 def read_seconds(every_thread: bool = False) -> float:

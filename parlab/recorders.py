@@ -35,31 +35,34 @@ class _SpanContext:
     third as much, and spans surround every operation of a training step.
     """
 
-    __slots__ = ("rec", "kind", "name", "nbytes", "peer", "axis", "key", "start", "waited",
-                 "clock")
+    __slots__ = ("rec", "kind", "name", "nbytes", "peer", "axis", "key", "start", "clock")
 
     def __init__(self, rec, kind, name, nbytes, peer, axis, key):
         self.rec, self.kind, self.name, self.nbytes, self.peer = rec, kind, name, nbytes, peer
         self.axis, self.key = axis, key
 
     def __enter__(self):
-        self.clock = clock = core_waits.read_clock() if self.rec.core_waits else None
-        # compute runs on the calling thread; communication also on the library's threads
-        self.waited = (None if clock is None else clock[1] if self.kind == COMPUTE
-                       else core_waits.read_seconds(True))
+        self.clock = self._read() if self.rec.core_waits else None
         self.start = self.rec.timer.mark()
         return self
+
+    def _read(self):
+        """(ran, waited) of this thread, and the wait this span carves: this thread's for
+        compute, every thread's for communication (the library's threads move the bytes)."""
+        if self.kind == COMPUTE:
+            clock = core_waits.read_clock()
+            return None if clock is None else (*clock, clock[1])
+        return core_waits.read_counters()
 
     def __exit__(self, *exc):
         rec = self.rec
         end = rec.timer.mark()
         waited, clock = 0.0, None
         if self.clock is not None:
-            after = core_waits.read_clock()
+            after = self._read()
             if after is not None:
-                clock = (*self.clock, *after)
-                waited = (after[1] if self.kind == COMPUTE
-                          else core_waits.read_seconds(True)) - self.waited
+                clock = (*self.clock[:2], *after[:2])
+                waited = after[2] - self.clock[2]
         rec._raw.append((self.kind, self.name, self.start, end, self.nbytes,
                          self.peer, None, self.axis, self.key, waited, clock))
         return False

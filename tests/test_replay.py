@@ -52,7 +52,7 @@ def test_a_send_and_a_receive_lose_the_core_wait_and_pay_the_link():
     assert spans_of(tl, 1, WAIT) == [("recv", 0.0, 6.0)]
     assert spans_of(tl, 1, COMM) == [("recv", 6.0, 8.0)]
     assert spans_of(tl, 1, COMPUTE) == [("backward", 8.0, 13.0)]
-    assert tl.labels[1] == "rank 1 · replayed on a dedicated device"
+    assert tl.labels[1] == "rank 1 · replayed"
 
 
 def test_a_collective_ends_a_ring_time_after_its_last_member_arrives():

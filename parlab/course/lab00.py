@@ -10,6 +10,7 @@ from . import lessons
 from .exercise import Exercise, check, register  # noqa: F401 (labNN.check)
 from .explorer import (HERE, bytes_text, choice, cluster_for, explorer, gpu_clusters,
                        refuse_unless_here, seconds_text, slider, time_unit)
+from .replays import idle_link  # noqa: F401 (lab00.idle_link: the link every replay prices messages on)
 
 
 register(Exercise(

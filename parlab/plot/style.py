@@ -30,7 +30,7 @@ COLORS = {COMPUTE: OKABE_ITO["blue"], COMM: OKABE_ITO["orange"], WAIT: OKABE_ITO
 HATCHES = {WAIT: "///", CORE_WAIT: "xx", PREDICTED: ".."}
 LABELS = {COMPUTE: "compute", COMM: "transfer", WAIT: "wait", CORE_WAIT: "waiting for a core",
           IDLE: "idle", PREDICTED: "predicted (cost model)",
-          REPLAYED: "replayed (this run's work, dedicated devices)"}
+          REPLAYED: "replayed (dedicated devices)"}
 FONT = 15                   # read from the back of a classroom: titles FONT+1, ticks FONT-2
 
 # Phases of a step keep one colour everywhere, chosen apart from the kinds' transfer

@@ -20,7 +20,7 @@ who waited for whom. This is trace-driven simulation, as Dimemas replays MPI tra
   Any-source receives keep the sender the run matched them with.
 
 A replay is not a measurement and not a prediction: its timeline says so in its lanes
-("replayed on a dedicated device") and title, and ``plot.timeline`` draws it outlined.
+("rank 2 · replayed") and title, and ``plot.timeline`` draws it outlined.
 """
 from __future__ import annotations
 
@@ -159,7 +159,7 @@ def replay(timeline: Timeline, link: Link | TwoTier | None = None) -> ReplayedTi
     engine.run()
     labels = getattr(timeline, "labels", {})
     ranks = sorted(engine.programs)
-    out_labels = {r: f"rank {r} · replayed on a dedicated device" for r in ranks}
+    out_labels = {r: f"rank {r} · replayed" for r in ranks}
     out_labels.update({s.rank: f"{labels.get(s.rank, f'lane {s.rank}')} · replayed"
                        for s in spans if s.issuer is not None})
     unmeasured = sum(p.unmeasured_s for p in engine.programs.values())

@@ -206,18 +206,17 @@ def recv_any(tensor: torch.Tensor, *, group=None, tag: int = 0, name: str = "rec
     staged = _staged(tensor)
     wire = torch.empty_like(tensor, device="cpu") if staged else tensor
     counted = rec.enabled and rec.core_waits
-    clock = core_waits.read_clock() if counted else None
-    waited = core_waits.read_seconds(every_thread=True) if counted else 0.0
+    before = core_waits.read_counters() if counted else None
     start = time.perf_counter()
     sender = dist.recv(wire, None, group=pg_of(group), tag=tag)
     end = time.perf_counter()
     key = message_key("recv", sender, dist.get_rank(), group, tag)
     if rec.enabled:
-        waited = core_waits.read_seconds(every_thread=True) - waited if counted else 0.0
-        after = core_waits.read_clock() if clock is not None else None
+        after = core_waits.read_counters() if before is not None else None
         rec.add(name, kind, start, end, nbytes(tensor), peer=sender,
-                axis=axis_of(pg_of(group)), key=key, core_wait_s=waited,
-                clock=(*clock, *after) if after is not None else None)
+                axis=axis_of(pg_of(group)), key=key,
+                core_wait_s=after[2] - before[2] if after else 0.0,
+                clock=(*before[:2], *after[:2]) if after else None)
     if staged:
         _to_device(tensor, wire, name)
     return sender

@@ -98,8 +98,35 @@ def traced_hook(state: dict, bucket):
     return fut.then(finish)
 
 
+def deferred_hook(state: dict, bucket):
+    """DDP communication hook that sends nothing: it keeps the bucket for an all-reduce
+    after the backward pass (``mode="ddp_no_overlap"``: DDP's buckets, without overlap).
+
+    state: {"deferred": the list the buckets are kept in, in the order DDP hands them over}.
+    """
+    state["buckets"] = state.get("buckets", 0) + 1
+    state["deferred"].append((bucket.index(), bucket.buffer(), bucket.parameters(),
+                              bucket.gradients()))
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+def all_reduce_deferred(state: dict, group=None) -> None:
+    """After the backward pass: all-reduce each bucket kept by ``deferred_hook``, one
+    after the other, and average the gradients from it."""
+    world_size = comm.get_world_size(group)
+    for index, buf, params, grads in state["deferred"]:
+        comm.all_reduce(buf, group=group, name=f"bucket all_reduce {index}")
+        buf /= world_size
+        for p, g in zip(params, grads):
+            if p.grad is not None and p.grad.data_ptr() != g.data_ptr():
+                p.grad.copy_(g)     # gradients that are not views of the bucket
+    state["deferred"].clear()
+
+
 # ------------------------------------------------------------------ training
-MODES = ("by_hand", "ring", "ddp", "ddp_fp16")
+MODES = ("by_hand", "ring", "ddp", "ddp_fp16", "ddp_no_overlap")
 
 
 def build(model: str = "mlp") -> nn.Sequential:
@@ -109,30 +136,37 @@ def build(model: str = "mlp") -> nn.Sequential:
 
 def train_data_parallel(rank: int, world_size: int, mode: str = "by_hand", model: str = "mlp",
                         global_batch: int = 128, steps: int = 5, lr: float = 0.1,
-                        bucket_mb: float = 25.0, seed: int = 0, *, group=None) -> dict:
+                        bucket_mb: float = 25.0, seed: int = 0, sizes=None,
+                        bucket_view: bool = False, *, group=None) -> dict:
     """Rank function: train a replica on its slice of every global batch.
 
     The replicas are the group's ranks (default: all). Position i of n takes rows
     i*b:(i+1)*b of each global batch (b = global_batch / n), so the averaged gradient
     equals the gradient of the whole batch on one device.
+
+    mode "ddp_no_overlap": DDP's own buckets, all-reduced one by one after the backward
+    pass (on the main lane), not during it. sizes: the MLP's widths (default the
+    course's); bucket_view: DDP's gradients are views of its buckets (no copies).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     g, device = as_group(group), runtime.rank_device()
     rows = g.rows(global_batch, "global batch")
-    net = training.build_model(model, seed=seed).to(device)  # the same weights on every replica
+    net = training.build_model(model, sizes=sizes, seed=seed).to(device)  # same weights everywhere
     # DDP's bucket all-reduces run on a background lane of their own, after the ranks' lanes
-    state = {"lane": world_size + rank, "compress": mode == "ddp_fp16", "group": g.pg}
+    state = {"lane": world_size + rank, "compress": mode == "ddp_fp16", "group": g.pg,
+             "deferred": []}
     # DDP's backward() returns only once every bucket's all-reduce has completed: on a
     # CPU, where host times are exact, the last gradient's arrival splits it into the
     # backward computation and the wait for the buckets still travelling.
-    split_backward = mode.startswith("ddp") and device.type == "cpu"
+    split_backward = mode in ("ddp", "ddp_fp16") and device.type == "cpu"
     counted = recorder().core_waits     # read the thread's counters at the split, too
     last_grad = [0.0, (0.0, 0.0)]       # when the last gradient was ready; the counters then
     if mode.startswith("ddp"):
         from torch.nn.parallel import DistributedDataParallel
-        net = DistributedDataParallel(net, bucket_cap_mb=bucket_mb, process_group=g.pg)
-        net.register_comm_hook(state, traced_hook)
+        net = DistributedDataParallel(net, bucket_cap_mb=bucket_mb, process_group=g.pg,
+                                      gradient_as_bucket_view=bucket_view)
+        net.register_comm_hook(state, deferred_hook if mode == "ddp_no_overlap" else traced_hook)
         if split_backward:
             for p in net.parameters():
                 p.register_post_accumulate_grad_hook(lambda _p: last_grad.__setitem__(
@@ -171,6 +205,8 @@ def train_data_parallel(rank: int, world_size: int, mode: str = "by_hand", model
                 loss.backward()        # DDP on a GPU: bucket waiting included
         if mode == "by_hand":
             average_gradients(net, g)
+        elif mode == "ddp_no_overlap":
+            all_reduce_deferred(state, g)
         elif mode == "ring":
             flat = training.flat_gradients(net)
             ring_all_reduce(flat, group=g)

@@ -402,12 +402,24 @@ def train_grouped(rank: int | None, world_size: int, sizes=(64, 256, 256, 10), s
 
 
 # ------------------------------------------------------------------ width sweep
+def sliced_span(width: int) -> str:
+    """The span around ``width_sweep``'s timed sliced steps of one width."""
+    return f"sliced steps, width {width}"
+
+
+def dense_span(width: int) -> str:
+    """The span of one of ``width_sweep``'s dense steps (one device) of one width."""
+    return f"one device, width {width}"
+
+
 def width_sweep(rank: int, world_size: int, widths=(32, 128, 512, 1024), batch_size: int = 64,
                 steps: int = 4, *, group=None) -> dict:
     """Rank function: for each width, column-then-row training steps, and the dense step.
 
     Returns, per width, the time window of the sliced steps (to cut the timeline) and
     the dense step time measured on the group's first rank alone while the others wait.
+    Both are traced too, so a replay finds them by name: the sliced steps inside a span
+    ``sliced_span(w)``, each dense step as a span ``dense_span(w)`` on the first rank.
     """
     import time
     g, device = as_group(group), runtime.rank_device()
@@ -434,9 +446,10 @@ def width_sweep(rank: int, world_size: int, widths=(32, 128, 512, 1024), batch_s
         comm.barrier(group=g)
         runtime.synchronize()
         t0 = time.perf_counter()
-        for _ in range(steps):
-            step()
-        runtime.synchronize()
+        with span(sliced_span(w)):
+            for _ in range(steps):
+                step()
+            runtime.synchronize()
         t1 = time.perf_counter()
         comm.barrier(group=g)
         dense_step = None
@@ -446,10 +459,11 @@ def width_sweep(rank: int, world_size: int, widths=(32, 128, 512, 1024), batch_s
             for i in range(steps + 1):
                 runtime.synchronize()
                 s0 = time.perf_counter()
-                dopt.zero_grad()
-                loss_fn(dense(xb), yb).backward()
-                dopt.step()
-                runtime.synchronize()
+                with span(dense_span(w)):
+                    dopt.zero_grad()
+                    loss_fn(dense(xb), yb).backward()
+                    dopt.step()
+                    runtime.synchronize()
                 if i:
                     samples.append(time.perf_counter() - s0)
             dense_step = sorted(samples)[len(samples) // 2]
