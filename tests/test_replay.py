@@ -194,3 +194,69 @@ def test_a_two_tier_link_prices_messages_between_nodes_at_the_slow_link():
     tl = sim.replay(Timeline(spans), sim.TwoTier(LINK, slow, node_size=2))
     # 0 -> 1 inside a node: 2 ms; 2 -> 1 between nodes, sent at 0: 10 ms + 1000 B / 100 kB/s
     assert spans_of(tl, 1, COMM) == [("recv", 0.0, 2.0), ("recv", 2.0, 20.0)]
+
+
+def test_a_replay_is_drawn_outlined_and_titled_so_never_as_a_measurement():
+    from parlab import plot
+    spans = [work(0, "forward", 0.0, 1 * MS), op(0, COMM, "send", 1 * MS, 2 * MS, msg("send", 0, 1)),
+             op(1, COMM, "recv", 0.0, 2 * MS, msg("recv", 0, 1))]
+    fig = plot.timeline(sim.replay(Timeline(spans), LINK))
+    ax = fig.axes[0]
+    assert "replayed" in ax.get_title()
+    assert "replayed (dedicated devices)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    from matplotlib.colors import to_rgba
+    from parlab.plot.style import COLORS
+
+    def compute_edges(axes):
+        return {p.get_edgecolor() for p in axes.patches
+                if p.get_width() > 0 and p.get_facecolor() == to_rgba(COLORS[COMPUTE])}
+    assert compute_edges(ax) == {to_rgba("black")}
+    measured = plot.timeline(Timeline(spans)).axes[0]
+    assert "measured" in measured.get_title() and compute_edges(measured) == {to_rgba("white")}
+
+
+def test_the_idle_link_is_kept_and_read_back(tmp_path, monkeypatch):
+    import importlib
+    replay_module = importlib.import_module("parlab.sim.replay")   # the module, not the function
+    monkeypatch.setattr(replay_module, "LINK_CACHE", tmp_path / "idle-link.json")
+    assert replay_module.idle_link() is None
+    spans = [work(0, "forward", 0.0, 1 * MS)]
+    with pytest.raises(ValueError, match="no link given and none measured"):
+        sim.replay(Timeline(spans))
+    replay_module.save_idle_link(LINK, "a test")
+    assert replay_module.idle_link() == LINK
+    assert sim.replay(Timeline(spans)).notes["link"] == str(LINK)
+
+
+def test_a_lesson_that_read_a_replay_says_so():
+    from parlab.course import lessons
+    verdict = lessons.Verdict("03.x", True, "1.3x", source="replayed on 2 dedicated devices")
+    assert str(verdict) == "lesson 03.x: shown (replayed on 2 dedicated devices) — 1.3x"
+    assert str(lessons.Verdict("03.x", True, "1.3x")) == "lesson 03.x: shown — 1.3x"
+
+
+def test_a_launched_run_replays_with_every_rank_in_order(no_leftover_ranks):
+    """Two ranks of data parallel by hand: the replay holds every span the run recorded,
+    each rank's in the order it ran them, and no all-reduce ends before its last member
+    arrived."""
+    import parlab
+    from parlab.torch.data_parallel import train_data_parallel
+    run = parlab.launch(train_data_parallel, 2, kwargs={"mode": "ring", "steps": 3}, timeout=120)
+    tl = run.replayed(LINK)
+    for r in (0, 1):
+        measured = [s.name for s in sorted(run.timeline.recorded, key=lambda s: s.start)
+                    if s.rank == r and s.issuer is None]
+        replayed = [s.name for s in sorted(tl.recorded, key=lambda s: (s.start, s.end))
+                    if s.rank == r]
+        assert sorted(measured) == sorted(replayed)
+    by_match = {}
+    for s in tl.recorded:
+        if s.key is not None:
+            by_match.setdefault(s.key[1], []).append(s)
+    assert by_match
+    for match, members in by_match.items():
+        if match[0] == "p":
+            send = next(s for s in members if s.key[0] in ("send", "isend"))
+            recv = next(s for s in members if s.key[0] == "recv")
+            assert recv.end >= send.start + LINK.time(recv.bytes) - 1e-9
+    assert all(s.kind != "core_wait" for s in tl.spans)
