@@ -55,14 +55,17 @@ class _SpanContext:
         return core_waits.read_counters()
 
     def __exit__(self, *exc):
+        # Counters first, then the clock, at both edges: a thread that computes makes no
+        # system call, and is often preempted at the next one, the counters' read; read
+        # before its mark, the wait it brings falls on the same side of both (here inside
+        # the span, at the start outside it), so the wall time and the counters agree.
         rec = self.rec
+        after = self._read() if self.clock is not None else None
         end = rec.timer.mark()
         waited, clock = 0.0, None
-        if self.clock is not None:
-            after = self._read()
-            if after is not None:
-                clock = (*self.clock[:2], *after[:2])
-                waited = after[2] - self.clock[2]
+        if after is not None:
+            clock = (*self.clock[:2], *after[:2])
+            waited = after[2] - self.clock[2]
         rec._raw.append((self.kind, self.name, self.start, end, self.nbytes,
                          self.peer, None, self.axis, self.key, waited, clock))
         return False

@@ -260,3 +260,22 @@ def test_a_launched_run_replays_with_every_rank_in_order(no_leftover_ranks):
             recv = next(s for s in members if s.key[0] == "recv")
             assert recv.end >= send.start + LINK.time(recv.bytes) - 1e-9
     assert all(s.kind != "core_wait" for s in tl.spans)
+
+
+@pytest.mark.parametrize("kind", [COMPUTE, COMM])
+def test_a_span_reads_the_counters_before_the_clock_at_both_edges(kind, monkeypatch):
+    """A computing thread is often preempted at its next system call: the counters' read.
+    Read after the end mark, that wait counted in the span's counters but not in its wall
+    time, and the replay priced the span at nothing (and the gap after it as work)."""
+    from parlab import core_waits
+    from parlab.recorders import HostTimer, Recorder
+    if not core_waits.MEASURED:
+        pytest.skip("no /proc/thread-self/schedstat here")
+    events = []
+    monkeypatch.setattr(core_waits, "read_clock", lambda: events.append("counters") or (0.0, 0.0))
+    monkeypatch.setattr(core_waits, "read_counters",
+                        lambda: events.append("counters") or (0.0, 0.0, 0.0))
+    rec = Recorder(0, HostTimer(lambda: events.append("clock") or float(len(events))))
+    with rec.span("x", kind):
+        pass
+    assert events == ["counters", "clock", "counters", "clock"]

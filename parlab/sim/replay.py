@@ -157,10 +157,9 @@ def replay(timeline: Timeline, link: Link | TwoTier | None = None) -> ReplayedTi
         raise TypeError(f"link must be a sim.Link or a sim.TwoTier, got {type(link).__name__}")
     engine = _Engine(spans, compile_programs(spans), link)
     engine.run()
-    labels = getattr(timeline, "labels", {})
     ranks = sorted(engine.programs)
     out_labels = {r: f"rank {r} · replayed" for r in ranks}
-    out_labels.update({s.rank: f"{labels.get(s.rank, f'lane {s.rank}')} · replayed"
+    out_labels.update({s.rank: f"rank {s.issuer} background · replayed"
                        for s in spans if s.issuer is not None})
     unmeasured = sum(p.unmeasured_s for p in engine.programs.values())
     work = sum(w for p in engine.programs.values() for kind, w in p.steps if kind == WORK)

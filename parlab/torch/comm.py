@@ -209,10 +209,10 @@ def recv_any(tensor: torch.Tensor, *, group=None, tag: int = 0, name: str = "rec
     before = core_waits.read_counters() if counted else None
     start = time.perf_counter()
     sender = dist.recv(wire, None, group=pg_of(group), tag=tag)
-    end = time.perf_counter()
+    after = core_waits.read_counters() if before is not None else None   # before the mark:
+    end = time.perf_counter()                                            # see recorders
     key = message_key("recv", sender, dist.get_rank(), group, tag)
     if rec.enabled:
-        after = core_waits.read_counters() if before is not None else None
         rec.add(name, kind, start, end, nbytes(tensor), peer=sender,
                 axis=axis_of(pg_of(group)), key=key,
                 core_wait_s=after[2] - before[2] if after else 0.0,

@@ -168,10 +168,11 @@ def train_data_parallel(rank: int, world_size: int, mode: str = "by_hand", model
                                       gradient_as_bucket_view=bucket_view)
         net.register_comm_hook(state, deferred_hook if mode == "ddp_no_overlap" else traced_hook)
         if split_backward:
+            def at_last_grad(_p):   # counters, then the clock (see parlab/recorders.py)
+                clock = core_waits.read_clock() if counted else (0.0, 0.0)
+                last_grad[:] = [time.perf_counter(), clock]
             for p in net.parameters():
-                p.register_post_accumulate_grad_hook(lambda _p: last_grad.__setitem__(
-                    slice(None), [time.perf_counter(),
-                                  core_waits.read_clock() if counted else (0.0, 0.0)]))
+                p.register_post_accumulate_grad_hook(at_last_grad)
     opt = torch.optim.SGD(net.parameters(), lr=lr)
     loss_fn = nn.CrossEntropyLoss()
     batches = training.digit_batches(model, global_batch)
@@ -188,8 +189,8 @@ def train_data_parallel(rank: int, world_size: int, mode: str = "by_hand", model
             c0 = core_waits.read_clock() if counted else None
             b0 = time.perf_counter()
             loss.backward()            # buckets are all-reduced in the background meanwhile
-            b1 = time.perf_counter()
-            c1 = core_waits.read_clock() if counted else None
+            c1 = core_waits.read_clock() if counted else None   # counters, then the clock:
+            b1 = time.perf_counter()                             # see parlab/recorders.py
             # the autograd hooks run on this thread: its counters at the last one split
             # the waits for a core between the backward pass and the wait for buckets
             cm = last_grad[1]
