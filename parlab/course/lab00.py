@@ -51,6 +51,12 @@ def predicted_uneven_all_reduce(compute_s, nbytes: float, link, *, steps: int = 
                                                      "cluster": str(link)})
 
 
+def replayed_steps(run, link, names):
+    """The first run replayed on dedicated devices (``run.replayed(link)``), cut to its
+    steps: the spans called ``names``, without the first barrier."""
+    return run.replayed(link).filter(names=set(names))
+
+
 def _collective_wait(compute_s):
     # a collective ends for nobody before its last member arrives (all start together)
     slowest = max(compute_s)

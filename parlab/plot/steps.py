@@ -106,12 +106,14 @@ def plot_checkpointing(rows, *, title: str = ""):
 
 
 MEASURED_TITLE, PREDICTED_TITLE = "measured here", "PREDICTED (cost model)"
+REPLAYED_TITLE = "replayed on dedicated devices"
 
 
 def measured_vs_predicted(measured, predicted, *, title: str | None = None, unit: str = "ms",
                           color_by: str = "kind", names: bool = True, share_time: bool = True):
-    """Two timelines side by side: what this machine measured (left), what the cost model
-    predicts for the same run (right, dotted), on one time scale when ``share_time``.
+    """Two timelines side by side: what this machine measured, or its replay on dedicated
+    devices (left, titled so), what the cost model predicts for the same run (right,
+    dotted), on one time scale when ``share_time``.
 
     The legend lists every colour of both, below them. Titles say which is which.
     """
@@ -120,7 +122,7 @@ def measured_vs_predicted(measured, predicted, *, title: str | None = None, unit
     lanes = max(len(measured.ranks), len(predicted.ranks))
     fig, (left, right) = plt.subplots(1, 2, figsize=(16, 0.75 * lanes + 2.6), sharex=share_time)
     plot.timeline(measured, ax=left, unit=unit, color_by=color_by, names=names,
-                  title=MEASURED_TITLE)
+                  title=REPLAYED_TITLE if getattr(measured, "replayed", False) else MEASURED_TITLE)
     plot.timeline(predicted, ax=right, unit=unit, color_by=color_by, names=names, predicted=True,
                   title=PREDICTED_TITLE)
     handles, labels = {}, []
