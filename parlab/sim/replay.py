@@ -35,7 +35,10 @@ from ..timeline import Timeline
 from .links import Link, all_reduce_s
 from .replay_program import ISSUE, MARK, OP, WORK, compile_programs, complete_matches
 
-LINK_CACHE = Path(os.environ.get("PARLAB_CACHE", Path.home() / ".cache" / "parlab")) / "idle-link.json"
+# where this machine's idle link is kept: $PARLAB_CACHE, else $XDG_CACHE_HOME/parlab
+_CACHE = os.environ.get("PARLAB_CACHE") or Path(
+    os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "parlab"
+LINK_CACHE = Path(_CACHE) / "idle-link.json"
 
 
 @dataclass(frozen=True)
