@@ -11,7 +11,8 @@ from parlab.torch import data_parallel as dp
 
 TOL = 1e-5
 STEPS, BATCH = 4, 96
-EQUIVALENCE = [("by_hand", 2), ("by_hand", 4), ("ddp", 2), ("ddp", 4), ("ring", 3)]
+EQUIVALENCE = [("by_hand", 2), ("by_hand", 4), ("ddp", 2), ("ddp", 4), ("ddp_no_overlap", 2),
+               ("ring", 3)]
 RINGS = [(2, 8), (3, 7), (4, 5)]
 
 
@@ -51,6 +52,15 @@ def test_data_parallel_equals_one_device_on_the_global_batch(mode, world_size, r
         waits = {s.rank for s in out.timeline if s.name == "wait for buckets" and s.kind == "wait"}
         assert waits == set(range(world_size))
         assert out.results[0]["buckets_each_step"][1:] == [out.results[0]["buckets_each_step"][-1]] * (steps - 1)
+    if mode == "ddp_no_overlap":     # the same buckets, all started after the backward
+        assert out.results[0]["buckets_per_step"] >= 2
+        for r in range(world_size):
+            back = [s for s in out.timeline if s.rank == r and s.name == "backward"]
+            lane = [s for s in out.timeline if s.rank == world_size + r and s.kind == "comm"]
+            assert len(lane) == out.results[0]["buckets_per_step"] * steps
+            for s in lane:      # after the end of its step's backward pass
+                own = max((b for b in back if b.start <= s.start), key=lambda b: b.start)
+                assert own.end <= s.start
 
 
 def test_fp16_compression_halves_the_bytes_and_stays_close(runs):

@@ -34,107 +34,129 @@ def test_ring_numbers_count_the_traced_isend_bytes_of_each_rank():
 
 
 # ------------------------------------------------------------------ DDP's overlap
-def overlap(hits, late=None, lead_ms=0.8, wait_ms=0.1, core_wait=0.05):
-    """Overlap numbers as ``lab05.overlap_numbers`` makes them: ``hits[r]`` says, step by
-    step, whether rank r had a bucket transferring during its backward; ``late[k]``:
-    the rank that handed its first bucket over last in step k (default: rank 1)."""
-    late = late or [1] * len(hits[0])
-    steps = [{"rank": r, "step": k, "backward_s": 2e-3, "overlap_s": 1e-3 if hit else 0.0,
-              "handed_at": k + (1e-4 if late[k] == r else 0.0),
-              "lead_s": lead_ms / 1e3, "bucket_wait_s": wait_ms / 1e3}
-             for r, row in enumerate(hits) for k, hit in enumerate(row)]
-    return {"steps": steps, "ranks": len(hits), "core_wait": core_wait}
+REPLAYED = "replayed on 2 dedicated devices, this machine's idle link"
 
 
-def test_overlap_shown_when_the_later_rank_overlaps_in_half_the_steps():
-    # rank 0 ran ahead in every step (its bucket waited for rank 1): no overlap there,
-    # which the claim allows; rank 1, the later one, overlapped in 4 of 8
+def overlap(overlap_ms, after_ms, backward_ms=(9.5, 8.4), comm_ms=(1.9, 5.2), buckets=4):
+    """Overlap numbers as ``lab05.overlap_numbers`` makes them from two replayed runs."""
+    return {"source": REPLAYED, "buckets": buckets,
+            "overlap": {"step_s": [x / 1e3 for x in overlap_ms], "backward_s": backward_ms[0] / 1e3,
+                        "comm_s": comm_ms[0] / 1e3},
+            "after": {"step_s": [x / 1e3 for x in after_ms], "backward_s": backward_ms[1] / 1e3,
+                      "comm_s": comm_ms[1] / 1e3}}
+
+
+def test_overlap_shown_when_a_step_is_quicker_with_overlap():
+    v = lessons.evaluate("05.buckets_overlap_backward", overlap([17, 16, 18], [21, 22, 20]))
+    assert v.shown and v.source == REPLAYED
+    assert v.figures == ("a step took 17.00 ms with overlap, 21.00 ms with the same 4 buckets "
+                         "after the backward (19% less)")
+    assert str(v).startswith(f"lesson 05.buckets_overlap_backward: shown ({REPLAYED})")
+
+
+def test_overlap_not_shown_when_the_backward_grows_by_more_than_it_hides():
     v = lessons.evaluate("05.buckets_overlap_backward",
-                         overlap([[False] * 8, [True] * 4 + [False] * 4]))
-    assert v.shown and "overlap in 4 of 8 warm steps on the rank that handed" in v.figures
-    assert "0 of 8 on rank 0, 4 of 8 on rank 1" in v.figures
+                         overlap([22, 23, 21], [21, 22, 20], backward_ms=(14.0, 8.4)))
+    assert not v.shown and v.figures == ("a step took 22.00 ms with overlap, 21.00 ms with the "
+                                         "same 4 buckets after the backward (5% more)")
+    assert v.why == ("after the backward the buckets took 5.20 ms a step; with overlap rank 0 "
+                     "still waited 1.90 ms for them, and its backward took 14.00 ms against "
+                     "8.40 ms")
 
 
-def test_overlap_reads_the_later_rank_of_each_step():
-    # every rank overlapped in half the steps, but never when it was the later one
-    v = lessons.evaluate("05.buckets_overlap_backward",
-                         overlap([[True, False] * 4, [False, True] * 4], late=[1, 0] * 4))
-    assert not v.shown and "overlap in 0 of 8 warm steps" in v.figures
-
-
-def test_overlap_not_shown_when_the_buckets_travel_after_the_backward():
-    v = lessons.evaluate("05.buckets_overlap_backward",
-                         overlap([[True] * 8, [False] * 6 + [True] * 2], lead_ms=-0.3,
-                                 wait_ms=4.0, core_wait=0.3))
-    assert not v.shown and "overlap in 2 of 8 warm steps" in v.figures
-    assert "only 0.30 ms after its backward ended" in v.why
-    assert "waited a median 4.00 ms" in v.why and "30% of their time waiting for a core" in v.why
+def test_overlap_not_shown_on_equal_steps():
+    v = lessons.evaluate("05.buckets_overlap_backward", overlap([20, 20], [20, 20]))
+    assert not v.shown
 
 
 def test_overlap_not_shown_without_warm_steps():
-    v = lessons.evaluate("05.buckets_overlap_backward", {"steps": [], "ranks": 2, "core_wait": 0})
+    v = lessons.evaluate("05.buckets_overlap_backward", overlap([], [20]))
     assert not v.shown and v.why
 
 
-def test_overlap_numbers_measure_transfer_inside_the_backward():
+def _ddp_step(t, rank, after: bool):
+    """One step on a main lane: forward 1 ms, backward 4, then 3 ms of waiting for the
+    buckets (after) or 1 ms (overlap); the bucket's all-reduce on lane 2 + rank."""
     ms = 1e-3
-    spans = []
-    for r in (0, 1):
-        for k in range(3):                       # 3 steps of 10 ms; the first is skipped
-            t = 10 * ms * k
-            spans += [Span(r, "compute", "forward", t, t + 1 * ms),
-                      Span(r, "compute", "backward", t + 1 * ms, t + 5 * ms),
-                      Span(r, "wait", "wait for buckets", t + 5 * ms, t + 8 * ms),
-                      # lane 2 + r: waits 1 ms, then transfers from 3 ms: 2 ms inside backward
-                      Span(2 + r, "wait", "bucket all_reduce", t + 2 * ms, t + 3 * ms),
-                      Span(2 + r, "comm", "bucket all_reduce", t + 3 * ms, t + 7 * ms, 100),
-                      Span(2 + r, "comm", "bucket all_reduce", t + 4 * ms, t + 8 * ms, 100)]
-    run = SimpleNamespace(results=[{}, {}], timeline=Timeline(spans))
-    got = lab05.overlap_numbers(run, skip=1)
-    assert got["ranks"] == 2 and len(got["steps"]) == 4
-    for row in got["steps"]:
-        assert row["backward_s"] == pytest.approx(4 * ms)
-        assert row["overlap_s"] == pytest.approx(2 * ms)      # the union, not 2 + 1 ms
-        assert row["lead_s"] == pytest.approx(3 * ms)
-        assert row["handed_at"] == pytest.approx(row["step"] * 10 * ms + 2 * ms)
-        assert row["bucket_wait_s"] == pytest.approx(1 * ms)
-    assert sorted(row["step"] for row in got["steps"]) == [1, 1, 2, 2]
+    spans = [Span(rank, "compute", "forward", t, t + 1 * ms),
+             Span(rank, "compute", "backward", t + 1 * ms, t + 5 * ms)]
+    wait = 3 * ms if after else 1 * ms
+    return spans + [Span(rank, "wait", "wait for buckets", t + 5 * ms, t + 5 * ms + wait),
+                    Span(rank + 2, "comm", "bucket all_reduce 0", t + 4 * ms, t + 5 * ms + wait,
+                         100)]
+
+
+def test_overlap_numbers_read_each_replay_per_step():
+    from parlab.sim.replay import ReplayedTimeline
+    notes = {"devices": 2, "link": "alpha 150 us, beta 3 GB/s"}
+    tls = {}
+    for name in ("overlap", "after"):
+        period = 8e-3 if name == "overlap" else 10e-3
+        spans = [s for k in range(5) for r in (0, 1)
+                 for s in _ddp_step(k * period, r, name == "after")]
+        tls[name] = ReplayedTimeline(spans, notes=notes)
+    runs = {"overlap": SimpleNamespace(results=[{"buckets_each_step": [1, 2, 2, 2, 2]}])}
+    got = lab05.overlap_numbers(runs, replays=tls)
+    assert got["source"] == REPLAYED and got["buckets"] == 2
+    assert got["overlap"]["step_s"] == pytest.approx([8e-3, 8e-3])     # steps 2 and 3
+    assert got["after"]["step_s"] == pytest.approx([10e-3, 10e-3])
+    assert got["overlap"]["backward_s"] == pytest.approx(4e-3)
+    assert got["overlap"]["comm_s"] == pytest.approx(1e-3)
+    assert got["after"]["comm_s"] == pytest.approx(3e-3)
+
+
+def test_overlap_runs_compare_the_same_buckets(monkeypatch):
+    calls = []
+    monkeypatch.setattr(lab05, "launch", lambda fn, n, **kw: calls.append(kw["kwargs"]) or kw)
+    lab05.overlap_runs(devices=object())
+    assert [c["mode"] for c in calls] == ["ddp", "ddp_no_overlap"]
+    same = [{k: v for k, v in c.items() if k != "mode"} for c in calls]
+    assert same[0] == same[1] and same[0]["bucket_view"]
 
 
 # ------------------------------------------------------------------ scaling
-def scaling(step_ms, compute_ms=(20, 10, 6), wait_ms=(0.5, 2, 6), core_wait=(0, 0.02, 0.3),
-            cores=2, load=2.1):
-    return {"devices": {n: {"step_s": s / 1e3, "compute_s": c / 1e3, "wait_s": w / 1e3,
-                            "core_wait": cw}
-                        for n, s, c, w, cw in zip((1, 2, 4), step_ms, compute_ms, wait_ms,
-                                                  core_wait)},
-            "cores": cores, "load": load}
+def scaling(step_ms, compute_ms=(20, 10.5, 5.5), wait_ms=(0.3, 2, 3)):
+    return {"source": "replayed on 1, 2, 4 dedicated devices, this machine's idle link",
+            "devices": {n: {"step_s": s / 1e3, "compute_s": c / 1e3, "wait_s": w / 1e3}
+                        for n, s, c, w in zip((1, 2, 4), step_ms, compute_ms, wait_ms)}}
 
 
-def test_scaling_shown_when_2_devices_take_a_step_1_25x_faster():
-    v = lessons.evaluate("05.data_parallel_scales", scaling([22, 13, 15]))
-    assert v.shown and v.figures == ("2 devices 1.69x, 4 devices 1.47x one device "
+def test_scaling_shown_when_2_devices_take_a_step_1_5x_faster():
+    v = lessons.evaluate("05.data_parallel_scales", scaling([22, 13, 7]))
+    assert v.shown and v.figures == ("2 devices 1.69x, 4 devices 3.14x one device "
                                      "(median warm step)")
+    assert v.source.startswith("replayed on 1, 2, 4 dedicated devices")
 
 
 def test_scaling_not_shown_when_2_devices_are_no_faster():
-    planted = scaling([22, 21, 18], compute_ms=(20, 14, 9), wait_ms=(0.5, 6, 8),
-                      core_wait=(0.01, 0.25, 0.4), load=4.3)
+    planted = scaling([22, 21, 18], compute_ms=(20, 14, 9), wait_ms=(0.5, 6, 8))
     v = lessons.evaluate("05.data_parallel_scales", planted)
     assert not v.shown and "2 devices 1.05x" in v.figures
-    assert "half batch in 70% of one device's time" in v.why
-    assert "waited 6.0 ms a step" in v.why and "25% of their time waiting for a core" in v.why
-    assert "load average was 4.3 on 2 cores" in v.why
+    assert v.why == ("on 2 devices rank 0 computed its half batch in 70% of one device's time "
+                     "for the whole batch (ideal 50 %) and waited 6.0 ms a step for the "
+                     "gradient buckets")
 
 
 def test_scaling_not_shown_just_under_the_claim():
-    v = lessons.evaluate("05.data_parallel_scales", scaling([22, 17.7, 15]))
-    assert not v.shown and "2 devices 1.24x" in v.figures
+    v = lessons.evaluate("05.data_parallel_scales", scaling([22, 14.7, 8]))
+    assert not v.shown and "2 devices 1.50x" in v.figures
 
 
-def test_scaling_not_shown_on_one_core_says_so():
-    v = lessons.evaluate("05.data_parallel_scales", scaling([22, 21, 30], cores=1))
-    assert not v.shown and v.why.startswith("this machine has 1 core, not one per device")
+def test_scaling_numbers_read_the_replays():
+    from parlab.sim.replay import ReplayedTimeline
+    ms = 1e-3
+    tls = {}
+    for n, (compute, wait) in {1: (8, 0), 2: (4, 1)}.items():
+        spans = [s for k in range(6) for r in range(n) for s in (
+            Span(r, "compute", "forward", k * 10 * ms, k * 10 * ms + compute * ms),
+            Span(r, "wait", "wait for buckets", k * 10 * ms + compute * ms,
+                 k * 10 * ms + (compute + wait) * ms))]
+        tls[n] = ReplayedTimeline(spans, notes={"devices": n})
+    got = lab05.scaling_numbers({1: None, 2: None}, replays=tls)
+    assert got["source"] == "replayed on 1, 2 dedicated devices, this machine's idle link"
+    assert got["devices"][2]["step_s"] == pytest.approx(10 * ms)
+    assert got["devices"][2]["compute_s"] == pytest.approx(4 * ms)
+    assert got["devices"][2]["wait_s"] == pytest.approx(1 * ms)
 
 
 def test_every_lesson_of_lab05_is_registered_with_its_experiment():

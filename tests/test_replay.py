@@ -279,3 +279,15 @@ def test_a_span_reads_the_counters_before_the_clock_at_both_edges(kind, monkeypa
     with rec.span("x", kind):
         pass
     assert events == ["counters", "clock", "counters", "clock"]
+
+
+def test_buckets_handed_over_together_are_drawn_one_after_the_other():
+    spans = []
+    for rank in (0, 1):
+        spans += [work(rank, "backward", 0.0, 4 * MS),
+                  Span(rank, WAIT, "wait for buckets", 4 * MS, 40 * MS, clock=(0, 0, 0, 0))]
+        spans += [Span(2 + rank, COMM, f"bucket {seq}", 4 * MS, 39 * MS, 1000,
+                       key=coll((0, 1), seq), issuer=rank) for seq in (0, 1)]
+    tl = sim.replay(Timeline(spans), LINK)
+    assert spans_of(tl, 2, COMM) == [("bucket 0", 4.0, 7.0), ("bucket 1", 7.0, 10.0)]
+    assert spans_of(tl, 0, WAIT) == [("wait for buckets", 4.0, 10.0)]

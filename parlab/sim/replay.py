@@ -15,7 +15,7 @@ who waited for whom. This is trace-driven simulation, as Dimemas replays MPI tra
   data has arrived; an ``isend`` only posts and goes on (a wait ends with delivery);
 * **collectives** start when their last member arrives and cost the ring algorithm's
   alpha-beta time (``collective_s``); a background collective (DDP's buckets) starts
-  when issued and after its rank's previous one, and runs beside the rank's work;
+  when issued and after its rank's previous one (drawn from then), beside the rank's work;
 * a **wait** ends when the rank's outstanding isends and background collectives are done.
   Any-source receives keep the sender the run matched them with.
 
@@ -321,8 +321,11 @@ class _Engine:
                 start, end = edge_time[(i, False)], edge_time[(i, True)]
                 out.append(Span(rank, s.kind, s.name, start, max(end, start), s.bytes,
                                 s.peer, s.axis, s.key))
-        for i, t in self.issued.items():
+        for i, issued in self.issued.items():
+            # drawn from when it could start (handed over, and its rank's previous one
+            # done), so that a lane's buckets follow each other instead of overlapping
             s = self.spans[i]
+            t = self.arrived.get(s.key[1], {}).get(s.issuer, issued)
             end = self.done.get(s.key[1], t)
             out.append(Span(s.rank, s.kind, s.name, t, max(end, t), s.bytes, s.peer, s.axis,
                             s.key))

@@ -79,16 +79,20 @@ def traced_hook(state: dict, bucket):
     state: {"lane": background lane, "compress": send float16 instead of float32,
     "group": the data-parallel group}.
     """
-    buf = bucket.buffer()
+    state["buckets"] = state.get("buckets", 0) + 1
+    return _average_bucket(state, bucket.buffer(), bucket.index())
+
+
+def _average_bucket(state: dict, buf: torch.Tensor, index: int) -> torch.futures.Future:
+    """Start the all-reduce of a bucket on the background lane; the future divides it by
+    the group's size once it has arrived (on the thread that completes it)."""
     group = state.get("group")
     world_size = comm.get_world_size(group)
     wire = buf.to(torch.float16) if state["compress"] else buf
-    state["buckets"] = state.get("buckets", 0) + 1
     # numbered: a bucket handed over while the previous one is in flight overlaps it, and
     # a lane merges touching spans of one name into one bar; each its own name, each its bar
     name = "fp16 bucket all_reduce" if state["compress"] else "bucket all_reduce"
-    fut = comm.all_reduce_async(wire, lane=state["lane"], group=group,
-                                name=f"{name} {bucket.index()}")
+    fut = comm.all_reduce_async(wire, lane=state["lane"], group=group, name=f"{name} {index}")
 
     def finish(f):
         reduced = f.value()[0] if isinstance(f.value(), list) else f.value()
@@ -99,10 +103,10 @@ def traced_hook(state: dict, bucket):
 
 
 def deferred_hook(state: dict, bucket):
-    """DDP communication hook that sends nothing: it keeps the bucket for an all-reduce
-    after the backward pass (``mode="ddp_no_overlap"``: DDP's buckets, without overlap).
+    """DDP communication hook that sends nothing: it keeps the bucket for after the
+    backward pass (``mode="ddp_no_overlap"``: DDP's own buckets, without overlap).
 
-    state: {"deferred": the list the buckets are kept in, in the order DDP hands them over}.
+    state: as ``traced_hook``'s, and "deferred": the list the buckets are kept in.
     """
     state["buckets"] = state.get("buckets", 0) + 1
     state["deferred"].append((bucket.index(), bucket.buffer(), bucket.parameters(),
@@ -112,13 +116,15 @@ def deferred_hook(state: dict, bucket):
     return fut
 
 
-def all_reduce_deferred(state: dict, group=None) -> None:
-    """After the backward pass: all-reduce each bucket kept by ``deferred_hook``, one
-    after the other, and average the gradients from it."""
-    world_size = comm.get_world_size(group)
+def all_reduce_deferred(state: dict) -> None:
+    """After the backward pass: average the buckets ``deferred_hook`` kept, one after the
+    other in DDP's order, each as ``traced_hook`` would (the same all-reduce on the
+    background lane, the same division). A process group runs its collectives in order
+    anyway; started one by one, each bucket's bar stands apart on the lane."""
     for index, buf, params, grads in state["deferred"]:
-        comm.all_reduce(buf, group=group, name=f"bucket all_reduce {index}")
-        buf /= world_size
+        fut = _average_bucket(state, buf, index)
+        with span("wait for buckets", WAIT):
+            fut.wait()
         for p, g in zip(params, grads):
             if p.grad is not None and p.grad.data_ptr() != g.data_ptr():
                 p.grad.copy_(g)     # gradients that are not views of the bucket
@@ -144,9 +150,9 @@ def train_data_parallel(rank: int, world_size: int, mode: str = "by_hand", model
     i*b:(i+1)*b of each global batch (b = global_batch / n), so the averaged gradient
     equals the gradient of the whole batch on one device.
 
-    mode "ddp_no_overlap": DDP's own buckets, all-reduced one by one after the backward
-    pass (on the main lane), not during it. sizes: the MLP's widths (default the
-    course's); bucket_view: DDP's gradients are views of its buckets (no copies).
+    mode "ddp_no_overlap": DDP's own buckets, all-reduced after the backward pass, not
+    during it. sizes: the MLP's widths (default the course's); bucket_view: DDP's
+    gradients are views of its buckets (no copies).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -207,7 +213,7 @@ def train_data_parallel(rank: int, world_size: int, mode: str = "by_hand", model
         if mode == "by_hand":
             average_gradients(net, g)
         elif mode == "ddp_no_overlap":
-            all_reduce_deferred(state, g)
+            all_reduce_deferred(state)
         elif mode == "ring":
             flat = training.flat_gradients(net)
             ring_all_reduce(flat, group=g)
