@@ -5,7 +5,7 @@ import math
 
 from ..launcher import LaunchResult, launch
 from ..split import SplitConfig
-from . import lessons
+from . import lessons, replays
 from .exercise import Exercise, check, fallback, register, whose  # noqa: F401 (labNN.check, labNN.whose)
 from .explorer import (HERE, choice, cluster_choices, cluster_for, explorer,
                        refuse_unless_here, seconds_text, slider)
@@ -119,7 +119,7 @@ def pipeline_explorer(cfg, here=None, costs=None):
     PREDICTED step at once; one click measures it.
 
     cfg: the lab's pipeline (``SplitConfig``: an MLP and its batch). here, costs: this
-    machine and the MLP's per-layer costs as the lab calibrated them (``sim.Measured``);
+    machine and the MLP's per-layer costs as the lab fitted them (``sim.Measured``);
     without them only the GPU clusters are offered. The prediction is
     ``sim.pipeline``: GPipe and 1F1B cut where this lab's executor cuts
     (``pipeline.stage_bounds``), interleaved 1F1B with ``chunks`` model chunks per device
@@ -177,10 +177,9 @@ def pipeline_explorer(cfg, here=None, costs=None):
         if schedule not in ("gpipe", "1f1b") or tp > 1:
             raise ValueError("this lab's executor runs gpipe and 1f1b on whole layers: choose "
                              "one of them, with tp = 1")
-        res = run_pipeline(cfg, p, m, schedule)
-        window = typical_step(res.timeline, p, m)
+        rp = replays.replayed(run_pipeline(cfg, p, m, schedule))
         bounds = linear_bounds(pipeline.prepare(cfg, p, m, schedule)[0].bounds)
-        return res.timeline.window(*window), predicted(p, m, schedule, cluster, bounds)
+        return rp.window(*typical_step(rp, p, m)), predicted(p, m, schedule, cluster, bounds)
 
     clusters = cluster_choices(here if costs is not None else None)
     controls = {"p": slider("stages p", range(1, 5), 2),
@@ -192,12 +191,86 @@ def pipeline_explorer(cfg, here=None, costs=None):
     return explorer(predict, controls, measure=measure)
 
 
-# ------------------------------------------------------------------ lessons
+# ------------------------------------------------------------------ the LSTM wavefront
+WAVE = dict(hidden=512, length=16, batch=128)    # 4 layers of 512 units, 16 time steps
+WAVE_BUSY = 0.8     # the share of the middle with all layers but one computing, at least
+
+
+def wavefront(devices=None, layers: int = 4, **kw) -> LaunchResult:
+    """The LSTM stack, one layer per rank (``pipeline.lstm_wavefront``, ``WAVE`` unless
+    told otherwise), launched on ``layers`` ranks."""
+    from ..hardware import devices as find_devices
+    from ..torch import pipeline
+    return launch(pipeline.lstm_wavefront, layers, kwargs={**WAVE, **kw},
+                  devices=devices or find_devices(layers))
+
+
+def _time_steps(timeline) -> list:
+    return [s for s in timeline if s.kind == "compute" and s.name[:1] == "t"
+            and s.name[1:].isdigit()]
+
+
+def wave_middle(timeline) -> tuple[float, float]:
+    """The wavefront's middle: from the last layer's first time step to the first
+    layer's last. Before it the stack fills, after it it drains."""
+    steps = _time_steps(timeline)
+    first, last = min(s.rank for s in steps), max(s.rank for s in steps)
+    return (min(s.start for s in steps if s.rank == last),
+            max(s.end for s in steps if s.rank == first))
+
+
+def wave_numbers(rp) -> dict:
+    """What lesson 04.wavefront_keeps_layers_busy reads from a wavefront's replay: the
+    middle's length and, in it, the share of time with k layers computing at once and
+    each layer's compute share; each layer's median time step, and the median
+    hand-over (a receive's transfer)."""
+    import statistics
+    a, b = wave_middle(rp)
+    middle = rp.window(a, b) if b > a else None
+    steps = _time_steps(rp)
+    ranks = sorted({s.rank for s in steps})
+    transfers = [s.duration for s in rp if s.kind == "comm" and s.name.startswith("recv")]
+    out = {"layers": len(ranks), "run_s": rp.duration, "middle_s": max(b - a, 0.0),
+           "busy": middle.concurrency() if middle else {},
+           "compute": [middle.seconds_by_kind(r)["compute"] / (b - a) if middle else 0.0
+                       for r in ranks],
+           "step_s": [statistics.median(s.duration for s in steps if s.rank == r) for r in ranks],
+           "transfer_s": statistics.median(transfers) if transfers else 0.0}
+    if getattr(rp, "replayed", False):
+        out["source"] = replays.source(rp)
+    return out
+
+
+def _wave_experiment() -> dict:
+    return wave_numbers(replays.replayed(wavefront()))
+
+
+@lessons.lesson("04.wavefront_keeps_layers_busy",
+                "once an LSTM stack's wavefront has filled (from the last layer's first time "
+                "step to the first layer's last), at least 3 of its 4 layers, one per device, "
+                f"compute at once {WAVE_BUSY:.0%} of the time or more",
+                _wave_experiment)
+def wavefront_keeps_layers_busy(n: dict):
+    layers, busy = n["layers"], n["busy"]
+    most = sum(v for k, v in busy.items() if k >= layers - 1)
+    figures = (f"in the middle ({n['middle_s'] * 1e3:.1f} ms of {n['run_s'] * 1e3:.1f} ms), "
+               f"{layers - 1} or more of {layers} layers computed "
+               f"{lessons.beside(most, WAVE_BUSY)} of the time, all {layers} "
+               f"{busy.get(layers, 0.0):.2f}")
+    if n["middle_s"] <= 0:
+        return False, figures, "the first layer finished before the last one started: no middle"
+    why = ("each layer computed " + ", ".join(f"{c:.0%}" for c in n["compute"])
+           + " of the middle; a time step took " + ", ".join(f"{t * 1e3:.1f}" for t in n["step_s"])
+           + f" ms per layer, a hand-over {n['transfer_s'] * 1e3:.2f} ms: a layer slower than "
+           "the one before it leaves the next waiting, and time between steps (sends, "
+           "receives) leaves it idle")
+    return most >= WAVE_BUSY, figures, why
+
+
+# ------------------------------------------------------------------ micro-batch pipelines
 # The notebook's two models: PIPE for time (16 hidden layers of 384, a batch of 840, which
 # divides into any m from 1 to 8; 18 layers, enough for the explorer's 4 stages of 4
-# interleaved chunks), LIGHT for memory (small: it is about counts, not time). PIPE was 32
-# layers of 256: about the same arithmetic in twice as many operations, each
-# micro-batch's work smaller against what every operation costs.
+# interleaved chunks), LIGHT for memory (small: it is about counts, not time).
 PIPE = SplitConfig(sizes=(64, *[384] * 16, 10), batch_size=840, steps=5, lr=0.01)
 LIGHT = SplitConfig(sizes=(64, 64, 64, 64, 64, 10), batch_size=64, steps=1, lr=0.1)
 MICRO_BATCHES = (1, 2, 4, 8)
@@ -211,39 +284,35 @@ def _median(xs) -> float:
 
 
 def bubble_runs(devices=None, micro_batches=MICRO_BATCHES, cfg: SplitConfig = PIPE,
-                schedule: str = "1f1b") -> dict:
+                schedule: str = "1f1b", pin_cores: bool = False) -> LaunchResult:
     """A pipeline of 2 stages taking its steps with each m in turn (m = 1, 2, 4, 8, then
-    again, ``cfg.steps`` rounds; ``pipeline.train_pipeline_in_turn``), one launch:
-    {m: LaunchResult whose timeline holds that m's steps only}.
+    again: ``cfg.steps`` rounds; ``pipeline.train_pipeline_in_turn``), one launch. Its
+    results' "order" says the m of every step (``by_micro_batches`` cuts them apart).
 
-    In turn, because one launch per m left each m to whatever else the machine ran in
-    its own seconds: beside two busy loops, the quickest m against m = 1 ranged 0.86-1.42x
-    over 20 runs, and lesson 04.micro_batches_pay showed 6 and 7 runs in 10 (in turn:
-    9 and 10 in 10).
-    Each stage is pinned to cores of its own: unpinned on 2 cores, a stage's threads
-    and the other stage's sometimes land on one core, and at m = 8 the stages waited
-    for a core up to 11 % of the step (pinned: 1-2 %), enough to push the measured
-    bubble 9 points above the prediction in 2 runs of 10."""
+    In turn, so that a step's measured work meets the same moments of this machine
+    whatever its m; and one launch is quicker than four."""
     from ..hardware import devices as find_devices
     from ..torch import pipeline
-    from ..trace import Timeline
     cfg, plan = pipeline.prepare_in_turn(cfg, 2, micro_batches, schedule)
-    res = launch(pipeline.train_pipeline_in_turn, 2, args=(cfg, plan),
-                 devices=devices or find_devices(2), pin_cores=True)
-    tl = res.timeline
-    steps = pipeline.steps_by_micro_batches(tl, 2, res.results[0]["order"])
+    return launch(pipeline.train_pipeline_in_turn, 2, args=(cfg, plan),
+                  devices=devices or find_devices(2), pin_cores=pin_cores)
+
+
+def by_micro_batches(timeline, order, stages: int = 2) -> dict:
+    """{m: the Timeline of its steps} of a run whose steps took the micro-batch counts
+    ``order`` in turn (measured or replayed): each step from its first F to the next
+    step's first F, its update and waits with it."""
+    from ..timeline import Timeline
+    from ..torch import pipeline
+    steps = pipeline.steps_by_micro_batches(timeline, stages, order)
     starts = sorted(a for windows in steps.values() for a, _ in windows)
-    # each step from its first F to the next step's first F: its update and waits with it
-    step_end = dict(zip(starts, [*starts[1:], tl.end]))
-    return {m: LaunchResult(res.results, Timeline.merge(
-                tl.window(a, step_end[a]) for a, _ in windows), res.devices, res.wall_time)
+    step_end = dict(zip(starts, [*starts[1:], timeline.end]))
+    return {m: Timeline.merge(timeline.window(a, step_end[a]) for a, _ in windows)
             for m, windows in steps.items()}
 
 
 def _ops_of_step(window, stages: int, micro_batches: int) -> dict:
-    """{"F": per stage, one time per micro-batch; "B": likewise} of one measured step: each
-    F i or B i with the core wait carved out of it (``F3 (core wait)``), the time it held
-    its stage, which is what the stage behind or before it waited for."""
+    """{"F": per stage, one time per micro-batch; "B": likewise} of one step."""
     from ..pipeline import pass_of
     ops = {k: [[0.0] * micro_batches for _ in range(stages)] for k in "FB"}
     for s in window:
@@ -253,56 +322,57 @@ def _ops_of_step(window, stages: int, micro_batches: int) -> dict:
     return ops
 
 
-def bubble_numbers(pipes: dict, stages: int = 2, schedule: str = "1f1b") -> dict:
-    """What lessons 04.bubble_as_predicted and 04.micro_batches_pay read from
-    ``bubble_runs``: per m, medians over the warm steps (the first pays for start-up) of
-    the step and of the stages' wait + idle, core-wait and transfer shares of it; each
-    stage's median F and B; and each warm step played on paper (``pipeline.simulate``,
-    free messages) with the F and B of every micro-batch measured in that step: its
-    length and idle share, the bubble the schedule makes of those times.
-
-    Played with each stage's median F and B instead, the bubble at m = 8 came out 2-6
-    points below wait + idle in 10 runs of 10 (3 of them beyond 5 points), with core
-    waits and transfers 1-2 % each: micro-batches that are not equally fast leave the
-    stage behind waiting for the slowest, which medians smooth away."""
+def bubble_numbers(timeline, order, stages: int = 2, schedule: str = "1f1b") -> dict:
+    """What lessons 04.bubble_as_predicted and 04.micro_batches_pay read from a
+    ``bubble_runs`` run's replay (``order``: its results' "order"): per m, medians over the
+    warm steps (each m's first pays for start-up) of the step's F/B part and of the
+    stages' wait + idle and transfer (comm) shares of it; each stage's median F and B; and
+    each warm step played on paper (``pipeline.simulate``, free messages) with the F and
+    B of every micro-batch in that step: its length and idle share, the bubble the
+    schedule makes of those times. Uneven micro-batches leave the stage behind waiting
+    for the slowest, which each stage's median F and B would smooth away."""
     from .. import pipeline
     from ..pipeline import pass_kind
-    from ..torch.pipeline import step_windows
+    from ..torch.pipeline import steps_by_micro_batches
     by_m = {}
-    for m, res in pipes.items():
-        order = pipeline.make(schedule, stages, m)
-        tl = res.timeline
-        per = {"step": [], "wait_idle": [], "core_wait": [], "comm": [], "predicted": [],
-               "predicted_step": []}
-        for a, b in step_windows(tl, stages, m)[1:]:
-            window = tl.window(a, b)
+    for m, windows in steps_by_micro_batches(timeline, stages, order).items():
+        paper_order = pipeline.make(schedule, stages, m)
+        per = {"step": [], "wait_idle": [], "comm": [], "predicted": [], "predicted_step": []}
+        fb = {k: [[] for _ in range(stages)] for k in "FB"}
+        for a, b in windows[1:] or windows:
+            window = timeline.window(a, b)
             secs = [window.seconds_by_kind(r) for r in range(stages)]
             per["step"].append(b - a)
-            for key, kinds in (("wait_idle", ("wait", "idle")), ("core_wait", ("core_wait",)),
-                               ("comm", ("comm",))):
-                per[key].append(sum(s[k] for s in secs for k in kinds) / (stages * (b - a)))
+            per["wait_idle"].append(sum(s["wait"] + s["idle"] for s in secs) / (stages * (b - a)))
+            per["comm"].append(sum(s["comm"] for s in secs) / (stages * (b - a)))
             ops = _ops_of_step(window, stages, m)
-            paper = pipeline.simulate(order, stages, m, ops["F"], ops["B"])
+            paper = pipeline.simulate(paper_order, stages, m, ops["F"], ops["B"])
             per["predicted"].append(pipeline.bubble_share(paper))
             per["predicted_step"].append(paper.duration)
-        fb = {k: [_median(s.duration for s in tl if s.rank == r and pass_kind(s.name) == k)
-                  for r in range(stages)] for k in "FB"}
+            for s in window:
+                if s.rank < stages and pass_kind(s.name) in fb:
+                    fb[pass_kind(s.name)][s.rank].append(s.duration)
+        med = {k: [_median(x) for x in v] for k, v in fb.items()}
         by_m[m] = {k: _median(v) for k, v in per.items()} | {
-            "forward": fb["F"], "backward": fb["B"],
+            "forward": med["F"], "backward": med["B"],
             "formula": (stages - 1) / (m + stages - 1),
-            "work": m * sum(fb["F"]) + m * sum(fb["B"])}     # all stages' F and B of a step
-    return {"stages": stages, "by_m": by_m}
+            "work": m * sum(med["F"]) + m * sum(med["B"])}     # all stages' F and B of a step
+    out = {"stages": stages, "by_m": by_m}
+    if getattr(timeline, "replayed", False):
+        out["source"] = replays.source(timeline)
+    return out
 
 
 def _bubble_experiment() -> dict:
-    return bubble_numbers(bubble_runs())
+    run = bubble_runs()
+    return bubble_numbers(replays.replayed(run), run.results[0]["order"])
 
 
 @lessons.lesson("04.bubble_as_predicted",
                 "in a micro-batch pipeline, the share of a step the stages spend neither "
                 "computing nor transferring (wait + idle) is the bubble that the schedule "
-                "makes of the F and B measured in that step (pipeline.simulate; "
-                "(p-1)/(m+p-1) for equal stages): within 5 points of the step, for every m",
+                "makes of that step's F and B (pipeline.simulate; (p-1)/(m+p-1) for equal "
+                "stages): within 5 points of the step, for every m",
                 _bubble_experiment)
 def bubble_as_predicted(n: dict):
     rows = n["by_m"]
@@ -313,59 +383,53 @@ def bubble_as_predicted(n: dict):
     off = [m for m in rows if abs(gap[m]) > 0.05]
     worst = max(rows, key=lambda m: abs(gap[m]))
     r, g = rows[worst], gap[worst]
-    if r["core_wait"] >= abs(g) / 2:
-        cause = "core contention"
-    elif r["comm"] >= abs(g) / 2:
-        cause = "the transfers"
-    else:
-        cause = "neither core waits nor transfers: the micro-batches' times varied"
     why = (f"m = {', '.join(map(str, off))} off by more than 5 points; at m = {worst} "
-           f"{abs(g):.0%} of the step {'more' if g > 0 else 'less'} than predicted; {cause} "
-           f"(the stages waited for a core {r['core_wait']:.0%} of the step and "
-           f"transferred {r['comm']:.0%})")
+           f"{abs(g):.0%} of the step {'more' if g > 0 else 'less'} than the schedule on "
+           f"paper, with free messages; the stages sent and received {r['comm']:.0%} of "
+           f"the step ({2 * worst} hand-overs)")
     return not off, figures, why
 
 
-# Measured, the quickest m against m = 1 (the m in turn, ``bubble_runs``): on the quiet
-# 2-core machine 1.32-1.71x (12 runs); beside two busy loops 1.05-1.38x (28 runs, one of
-# them 1.048x). Beside them the stages cannot have both cores at once: at m > 1 two
-# stages and two loops share the 2 cores, at m = 1 one stage and two loops do, which caps
-# the gain near 4/3 before the bubble and the costs of small micro-batches. The claim
-# asks 1.05x.
-MICRO_BATCH_GAIN = 1.05
+MICRO_BATCH_M = 4
+MICRO_BATCH_GAIN = 1.3
 
 
 @lessons.lesson("04.micro_batches_pay",
-                "with p = 2 stages, splitting the batch into micro-batches shortens the "
-                f"step: the quickest of m = 2, 4, 8 is at least {MICRO_BATCH_GAIN}x quicker "
-                "than m = 1 "
-                "(the bubble alone would allow 2m/(m+1), 1.8x at m = 8)",
+                f"with p = 2 stages, m = {MICRO_BATCH_M} micro-batches make a step at least "
+                f"{MICRO_BATCH_GAIN}x quicker than m = 1 (the bubble alone would allow "
+                f"2m/(m+1) = {2 * MICRO_BATCH_M / (MICRO_BATCH_M + 1):.1f}x)",
                 _bubble_experiment)
 def micro_batches_pay(n: dict):
     rows = n["by_m"]
-    one = rows[1]
-    best = min((m for m in rows if m > 1), key=lambda m: rows[m]["step"])
-    r = rows[best]
+    one, r = rows[1], rows[MICRO_BATCH_M]
     gain = one["step"] / r["step"]
-    figures = (f"m = 1 step {one['step'] * 1e3:.0f} ms, quickest m = {best} "
+    figures = (f"m = 1 step {one['step'] * 1e3:.0f} ms, m = {MICRO_BATCH_M} "
                f"{r['step'] * 1e3:.0f} ms: {lessons.beside(gain, MICRO_BATCH_GAIN)}x "
-               f"(predicted from the measured F and B: "
+               f"(the schedule on paper, from the same F and B: "
                f"{one['predicted_step'] / r['predicted_step']:.2f}x)")
-    why = [f"at m = {best} the stages waited for a core {r['core_wait']:.0%} of the step "
-           f"(m = 1: {one['core_wait']:.0%})"]
-    if r["core_wait"] - one["core_wait"] > 0.05:
-        why[0] = "core contention: " + why[0]
     work = r["work"] / one["work"]
-    why.append(f"a step's F and B took {work:.2f}x the time of m = 1's"
-               + (" (smaller micro-batches used a core less well)" if work > 1.05 else
-                  " (no dearer than m = 1's: not what held the step back)" if work <= 1.0
-                  else ""))
-    why.append(f"the stages transferred {r['comm']:.0%} of the step (m = 1: {one['comm']:.0%}; "
-               f"{2 * best} hand-overs a step against 2)")
-    why = "; ".join(why)
+    why = (f"a step's F and B took {work:.2f}x the time of m = 1's"
+           + (" (smaller micro-batches used a core less well)" if work > 1.05 else "")
+           + f"; the stages waited or idled {r['wait_idle']:.0%} of the step (m = 1: "
+           f"{one['wait_idle']:.0%}) and sent and received {r['comm']:.0%} (m = 1: "
+           f"{one['comm']:.0%}; {2 * MICRO_BATCH_M} hand-overs a step against 2)")
     return gain >= MICRO_BATCH_GAIN, figures, why
 
 
+def model_from_replay(pipes: dict, link, batch: int = PIPE.batch_size, sizes=PIPE.sizes):
+    """The cost model for this lab's MLP, from the replayed steps ``pipes`` ({m:
+    Timeline}, two m or more): (costs per layer, the cluster: dedicated devices on
+    ``link``). A straight line through F and B against the micro-batch size gives a fixed
+    cost and a cost per row (``sim.calibrate.costs_from_pipeline``)."""
+    from .. import sim
+    net = sim.Network.mlp(sizes)
+    costs = sim.calibrate.costs_from_pipeline(net, pipes, batch, stages=2)
+    here = sim.calibrate.this_machine(link, flops=sim.calibrate.compute_rate(net, costs),
+                                      devices=2)
+    return costs, here
+
+
+# ------------------------------------------------------------------ memory
 def memory_runs(devices=None, cfg: SplitConfig = LIGHT, stages: int = 4,
                 micro_batches: int = 8) -> dict:
     """GPipe and 1F1B on ``stages`` ranks: {"gpipe": LaunchResult, "1f1b": LaunchResult}."""
@@ -407,3 +471,27 @@ def one_f_one_b_holds_less(n: dict):
         + [f"GPipe did not hold all m on stage {', '.join(map(str, short))}"] * bool(short)
         + ["the executor did not run the schedule as written (measured counts)"])
     return not over and not short, figures, why
+
+
+def on_this_machine(wave, runs: dict):
+    """The optional cell: the wavefront and each schedule's typical warm step as this
+    machine's clock measured them, ranks sharing its cores."""
+    from .. import plot
+    from ..torch.pipeline import step_windows
+    tl = wave.timeline
+    start = min(s.start for s in tl if s.name == "t0")
+    print(f"the wavefront took {(tl.end - start) * 1e3:.0f} ms here, waiting for a core "
+          f"{lessons.core_wait_share(tl.window(start, tl.end), tl.ranks):.0%} of it")
+    drawn = {"LSTM stack, one layer per device": tl.window(start, tl.end)}
+    for name, res in runs.items():
+        warm = step_windows(res.timeline, 2, 4)[1:]
+        step = res.timeline.window(*typical_step(res.timeline, 2, 4))
+        print(f"{name}: a warm step took {_median(b - a for a, b in warm) * 1e3:.0f} ms here, "
+              f"waiting for a core {lessons.core_wait_share(step, step.ranks):.0%} of it")
+        drawn[f"{name}, p = 2, m = 4: the warm step nearest the median"] = step
+    fig, axes = plot.pyplot().subplots(len(drawn), 1, figsize=(14, 9.5))
+    for ax, (title, part) in zip(axes, drawn.items()):
+        plot.timeline(part, ax=ax, color_by="index" if ax is axes[0] else "name",
+                      legend=ax is axes[0], title=f"{title} (measured on this machine's clock)")
+    fig.tight_layout()
+    return plot.finish(fig)
