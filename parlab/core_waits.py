@@ -123,6 +123,25 @@ def read_counters() -> tuple[float, float, float] | None:
     return time.thread_time(), mine, total
 
 
+def at_edge(clock, read=None):
+    """(counters, time) at one edge of a span, agreeing with each other.
+
+    ``read`` gives counters whose second number is this thread's wait for a core
+    (``read_clock``, ``read_counters``); ``clock`` the time. The kernel may preempt the
+    thread at the return of the system call that read them, after the value was taken
+    and before the clock: that wait would be in the wall time and in no counter. So the
+    thread's wait is read once more after the clock; where it moved, the edge is taken
+    again (at most three times). None for the counters where they are not measured.
+    """
+    read = read or read_clock
+    for _ in range(3):
+        counters = read()
+        t = clock()
+        if counters is None or _delay(_files.calling_thread()) == counters[1]:
+            break
+    return counters, t
+
+
 def read_seconds(every_thread: bool = False) -> float:
     """Seconds the calling thread (or every thread of this process, added up) has waited
     for a core so far; 0.0 where not measured. One ``pread`` per thread of an open file:

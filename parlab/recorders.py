@@ -42,8 +42,10 @@ class _SpanContext:
         self.axis, self.key = axis, key
 
     def __enter__(self):
-        self.clock = self._read() if self.rec.core_waits else None
-        self.start = self.rec.timer.mark()
+        if self.rec.core_waits:
+            self.clock, self.start = core_waits.at_edge(self.rec.timer.mark, self._read)
+        else:
+            self.clock, self.start = None, self.rec.timer.mark()
         return self
 
     def _read(self):
@@ -55,13 +57,15 @@ class _SpanContext:
         return core_waits.read_counters()
 
     def __exit__(self, *exc):
-        # Counters first, then the clock, at both edges: a thread that computes makes no
-        # system call, and is often preempted at the next one, the counters' read; read
-        # before its mark, the wait it brings falls on the same side of both (here inside
-        # the span, at the start outside it), so the wall time and the counters agree.
+        # Counters first, then the clock, at both edges, checked (core_waits.at_edge): a
+        # thread that computes makes no system call and is often preempted at the next
+        # one, the counters' read; the wait it brings must fall on the same side of the
+        # counters and of the clock, or the replay would take it for work.
         rec = self.rec
-        after = self._read() if self.clock is not None else None
-        end = rec.timer.mark()
+        if self.clock is not None:
+            after, end = core_waits.at_edge(rec.timer.mark, self._read)
+        else:
+            after, end = None, rec.timer.mark()
         waited, clock = 0.0, None
         if after is not None:
             clock = (*self.clock[:2], *after[:2])

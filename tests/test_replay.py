@@ -272,6 +272,7 @@ def test_a_span_reads_the_counters_before_the_clock_at_both_edges(kind, monkeypa
     if not core_waits.MEASURED:
         pytest.skip("no /proc/thread-self/schedstat here")
     events = []
+    monkeypatch.setattr(core_waits, "_delay", lambda fd: 0.0)      # no wait after the clock
     monkeypatch.setattr(core_waits, "read_clock", lambda: events.append("counters") or (0.0, 0.0))
     monkeypatch.setattr(core_waits, "read_counters",
                         lambda: events.append("counters") or (0.0, 0.0, 0.0))
@@ -291,3 +292,16 @@ def test_buckets_handed_over_together_are_drawn_one_after_the_other():
     tl = sim.replay(Timeline(spans), LINK)
     assert spans_of(tl, 2, COMM) == [("bucket 0", 4.0, 7.0), ("bucket 1", 7.0, 10.0)]
     assert spans_of(tl, 0, WAIT) == [("wait for buckets", 4.0, 10.0)]
+
+
+def test_an_edge_whose_wait_moved_after_the_clock_is_taken_again(monkeypatch):
+    """Preempted at the return of the counters' read: the wait is after the value and
+    before the clock, so the edge is read again, and then agrees."""
+    from parlab import core_waits
+    if not core_waits.MEASURED:
+        pytest.skip("no /proc/thread-self/schedstat here")
+    waited = iter([0.0, 0.005, 0.005, 0.005])       # reads: value, check, value, check
+    monkeypatch.setattr(core_waits, "_delay", lambda fd: next(waited))
+    times = iter([1.0, 2.0])
+    counters, t = core_waits.at_edge(lambda: next(times))
+    assert counters[1] == 0.005 and t == 2.0

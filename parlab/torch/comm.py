@@ -206,11 +206,15 @@ def recv_any(tensor: torch.Tensor, *, group=None, tag: int = 0, name: str = "rec
     staged = _staged(tensor)
     wire = torch.empty_like(tensor, device="cpu") if staged else tensor
     counted = rec.enabled and rec.core_waits
-    before = core_waits.read_counters() if counted else None
-    start = time.perf_counter()
+    if counted:      # counters and clock agreeing at each edge (see core_waits.at_edge)
+        before, start = core_waits.at_edge(time.perf_counter, core_waits.read_counters)
+    else:
+        before, start = None, time.perf_counter()
     sender = dist.recv(wire, None, group=pg_of(group), tag=tag)
-    after = core_waits.read_counters() if before is not None else None   # before the mark:
-    end = time.perf_counter()                                            # see recorders
+    if before is not None:
+        after, end = core_waits.at_edge(time.perf_counter, core_waits.read_counters)
+    else:
+        after, end = None, time.perf_counter()
     key = message_key("recv", sender, dist.get_rank(), group, tag)
     if rec.enabled:
         rec.add(name, kind, start, end, nbytes(tensor), peer=sender,

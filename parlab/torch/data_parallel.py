@@ -174,9 +174,10 @@ def train_data_parallel(rank: int, world_size: int, mode: str = "by_hand", model
                                       gradient_as_bucket_view=bucket_view)
         net.register_comm_hook(state, deferred_hook if mode == "ddp_no_overlap" else traced_hook)
         if split_backward:
-            def at_last_grad(_p):   # counters, then the clock (see parlab/recorders.py)
-                clock = core_waits.read_clock() if counted else (0.0, 0.0)
-                last_grad[:] = [time.perf_counter(), clock]
+            def at_last_grad(_p):   # counters and clock agreeing (core_waits.at_edge)
+                clock, t = (core_waits.at_edge(time.perf_counter) if counted
+                            else ((0.0, 0.0), time.perf_counter()))
+                last_grad[:] = [t, clock]
             for p in net.parameters():
                 p.register_post_accumulate_grad_hook(at_last_grad)
     opt = torch.optim.SGD(net.parameters(), lr=lr)
@@ -192,11 +193,11 @@ def train_data_parallel(rank: int, world_size: int, mode: str = "by_hand", model
         with span("forward"):
             loss = loss_fn(net(x), y)
         if split_backward:
-            c0 = core_waits.read_clock() if counted else None
-            b0 = time.perf_counter()
+            c0, b0 = (core_waits.at_edge(time.perf_counter) if counted
+                      else (None, time.perf_counter()))
             loss.backward()            # buckets are all-reduced in the background meanwhile
-            c1 = core_waits.read_clock() if counted else None   # counters, then the clock:
-            b1 = time.perf_counter()                             # see parlab/recorders.py
+            c1, b1 = (core_waits.at_edge(time.perf_counter) if counted
+                      else (None, time.perf_counter()))
             # the autograd hooks run on this thread: its counters at the last one split
             # the waits for a core between the backward pass and the wait for buckets
             cm = last_grad[1]
