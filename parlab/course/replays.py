@@ -10,7 +10,6 @@ from __future__ import annotations
 from .. import sim
 from ..launcher import launch
 from ..sim.replay import idle_link as kept_link, save_idle_link
-from ..torch.bandwidth import sweep
 
 SIZES = (4096, 65536, 262144, 1 << 20, 4 << 20)
 
@@ -25,6 +24,7 @@ def idle_link(refresh: bool = False, timeout: float = 120.0) -> sim.Link:
     if not refresh and (link := kept_link()) is not None:
         return link
     from ..metrics import fit_link
+    from ..torch.bandwidth import sweep     # here: importing the course imports no framework
     run = launch(sweep, 2, kwargs={"sizes": SIZES, "ops": ("send_recv",)}, timeout=timeout,
                  pin_cores=True)
     records = run.results[0]
