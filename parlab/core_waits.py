@@ -6,9 +6,10 @@ the scheduler gives it a core. Without a measurement that time shows up as "tran
 "compute". Linux counts it per thread: the second field of ``/proc/<pid>/task/<tid>/
 schedstat`` is the time the thread spent runnable on a run queue, waiting to run, in
 nanoseconds (kernel documentation, "scheduler statistics": ``run_delay``). The recorder
-reads that counter at the start and the end of every span it records
-(``read_seconds``), and a timeline moves the difference out of the span into a
-``core_wait`` span (``carve``). Where the files do not exist (macOS, Windows) nothing is
+reads that counter, with the thread's CPU time, at the start and the end of every span it
+records, before its clock and checked after it (``read_clock``, ``read_counters``,
+``at_edge``); a timeline moves the difference out of the span into a ``core_wait`` span
+(``carve``), and the replay (``parlab.sim.replay``) prices the span's work without it. Where the files do not exist (macOS, Windows) nothing is
 read, and the kind never appears (``MEASURED`` is False).
 
 Whose threads: a compute span reads the calling thread (the ranks compute on one
