@@ -259,3 +259,18 @@ def test_an_isend_counts_as_held_where_its_receive_took_over_half_the_sender_s_c
     assert held_share([2e-4, 1.4e-3]) == 0.0
     with pytest.raises(RuntimeError, match="held_sends"):
         held_share([])
+
+
+def test_a_core_whose_layers_fit_to_no_time_is_priced_by_its_whole_passes():
+    """Beside busy cores a tiny network's layers can fit to 0 s (its passes are nearly
+    all call): the FLOP rate then reads the whole pass, and an empty one is refused."""
+    from parlab import sim
+    from parlab.course.calibrate import flop_rate
+    net = sim.Network.mlp((16, 32, 4))
+    flops = 3 * 32 * sum(layer.flops for layer in net.layers)
+    timed = sim.Measured((1e-4, 1e-4), (2e-4, 2e-4), 1e-4, 32, 100)
+    assert flop_rate(timed, net, 32) == pytest.approx(flops / 6e-4)
+    all_call = sim.Measured((0.0, 0.0), (0.0, 0.0), 1e-4, 32, 100, call_s=(1e-4, 2e-4, 0.0))
+    assert flop_rate(all_call, net, 32) == pytest.approx(flops / 3e-4)
+    with pytest.raises(RuntimeError, match="wider network or larger batches"):
+        flop_rate(sim.Measured((0.0, 0.0), (0.0, 0.0), 1e-4, 32, 100), net, 32)

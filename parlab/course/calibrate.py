@@ -82,8 +82,7 @@ def measure_this_machine(sizes=(64, 256, 256, 128, 10), *, batches=(32, 128), fi
     handoff = bucket_handoff(res.timeline, lane=2)     # rank 0's lane: world size + rank
     wrapper = ddp_wrapper(res.timeline)
     operators = tp_operator(res.timeline)
-    per_pass = [costs.forward_s(i, max(fit)) + costs.backward_s(i, max(fit)) for i in range(len(net))]
-    flops = 3 * max(fit) * sum(layer.flops for layer in net.layers) / sum(per_pass)
+    flops = flop_rate(costs, net, max(fit))
     cluster = sim.Cluster("this machine (measured)", devices, 8e9, flops, costs.fixed_s, devices,
                           link, link, overhead, wake_latency_s=wake, wake_curve=curve,
                           handoff_s=handoff, held_send_share=held, ddp_wrapper_s=wrapper,
@@ -92,6 +91,21 @@ def measure_this_machine(sizes=(64, 256, 256, 128, 10), *, batches=(32, 128), fi
                           message_spread_s=p2p_spread, collective_spread_s=collective_spread)
     return {"cluster": cluster, "costs": costs, "costs_between_messages": between,
             "timelines": timelines, "timelines_between_messages": woken, "links": records}
+
+
+def flop_rate(costs, net, batch: int) -> float:
+    """FLOP/s of this machine's core: a pass's FLOPs (forward + backward = 3x forward,
+    Kaplan et al. 2020) over what its layers cost. A tiny network's layers can fit to no
+    time at all beside a busy core (its passes are nearly all call, ``Measured.call_s``);
+    then the whole pass, call included, prices them: a lower bound on the rate, and a
+    finite one."""
+    layers_s = sum(costs.forward_s(i, batch) + costs.backward_s(i, batch) for i in range(len(net)))
+    if layers_s <= 0:
+        layers_s = layers_s + costs.call_s[0] + costs.call_s[1]
+    if layers_s <= 0:
+        raise RuntimeError("the calibration measured no time in the forward and backward "
+                           "passes: run it with a wider network or larger batches")
+    return 3 * batch * sum(layer.flops for layer in net.layers) / layers_s
 
 
 def held_share(receives: list[float], compute_s: float = HELD_COMPUTE_S) -> float:
