@@ -374,7 +374,7 @@ def _open(lab, driver, name, settle=True):
     # The kernel's spec and language_info reach the notebook's metadata as the kernel
     # connects; give JupyterLab a moment to apply them before looking at the dirty mark.
     if settle:
-        time.sleep(2.0)
+        time.sleep(1.0)
     return state
 
 

@@ -34,13 +34,12 @@ def accuracy(model, x, y) -> float:
 def train_custom(model, x, y, *, epochs: int = 5, batch_size: int = 64, lr: float = 1e-3,
                  progress: bool = True, x_test=None, y_test=None, seed: int = 0) -> dict:
     """The custom training loop: forward under a GradientTape, gradients, apply (Adam)."""
-    from tqdm.auto import tqdm
+    from .. import progress as bars
 
     step = compiled_step(model, keras.optimizers.Adam(lr), _loss())
 
     history = {"loss": [], "test_accuracy": []}
-    bar = tqdm(total=epochs * (len(y) // batch_size), desc="training (GradientTape)",
-               disable=not progress)
+    bar = bars.bar(epochs * (len(y) // batch_size), "training (GradientTape)", progress)
     for epoch in range(epochs):
         for xb, yb in datasets.batches(x, y, batch_size, seed=seed + epoch):
             loss = float(step(tf.constant(xb), tf.constant(yb)))
@@ -49,7 +48,7 @@ def train_custom(model, x, y, *, epochs: int = 5, batch_size: int = 64, lr: floa
             bar.set_postfix(loss=f"{loss:.3f}")
         if x_test is not None:
             history["test_accuracy"].append(accuracy(model, x_test, y_test))
-    bar.close()
+    bars.finish(bar, history["loss"][-1] if history["loss"] else None)
     return history
 
 

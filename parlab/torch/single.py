@@ -29,14 +29,14 @@ def train(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int = 5,
     Returns the loss of every step and, if test data is given, the test accuracy after
     every epoch.
     """
-    from tqdm.auto import tqdm
+    from .. import progress as bars
 
     model.to(device)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     loss_fn = loss_fn or nn.CrossEntropyLoss()
     history = {"loss": [], "test_accuracy": []}
     steps = epochs * (len(y) // batch_size)
-    bar = tqdm(total=steps, desc="training", disable=not progress, leave=True)
+    bar = bars.bar(steps, "training", progress)
     for epoch in range(epochs):
         model.train()
         for xb, yb in datasets.batches(x, y, batch_size, seed=seed + epoch):
@@ -51,7 +51,7 @@ def train(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int = 5,
         if x_test is not None:
             model.eval()
             history["test_accuracy"].append(accuracy(model, x_test, y_test, device))
-    bar.close()
+    bars.finish(bar, history["loss"][-1] if history["loss"] else None)
     return history
 
 
