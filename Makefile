@@ -9,11 +9,9 @@ EXTRAS := torch,tf,lab,test
 
 .PHONY: install lab test test-fast test-gpu bench student clear-outputs clean
 
-# --no-compile: Python compiles each module on its first import; compiling all of torch and
-# TensorFlow at install took 23 of its 76 s on 2 cores (2026-11-28).
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --no-compile --constraint constraints.txt --editable ".[$(EXTRAS)]"
+	$(PY) -m pip install --quiet --constraint constraints.txt --editable ".[$(EXTRAS)]"
 	touch $(STAMP)
 
 install: $(STAMP)
