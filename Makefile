@@ -32,7 +32,7 @@ test: install
 		--nbval-cell-timeout=600 tests labs
 
 # The GPU test run: the tests marked gpu, then every lab with the GPU(s) visible, in the
-# default device mode and in shared-GPU mode (scripts/test-gpu.sh; README, "GPU test run").
+# default device mode and in shared-GPU mode (scripts/test-gpu.sh; docs/gpu.md).
 # Without a CUDA GPU it says so in one line and succeeds. No install step: on a bare GPU
 # machine (Python + CUDA torch, no internet) it installs its tools from wheels/, made
 # elsewhere by scripts/gpu-wheels.sh.

@@ -6,7 +6,7 @@
 # there are GPUs simulates them on the CPU), and with PARLAB_DEVICES=shared-gpu (every
 # rank on the GPU, messages through host memory). TensorFlow cells are skipped where
 # TensorFlow is not installed. A report with the GPU, driver and torch versions goes
-# to gpu-test-report.txt: copy what it says into the README's GPU section.
+# to gpu-test-report.txt: copy what it says into docs/gpu.md.
 #
 # On a bare machine (Python and a CUDA torch, no internet, no pytest): put the wheels from
 # scripts/gpu-wheels.sh in wheels/ first; they are installed into .venv-gpu, a virtual
