@@ -195,10 +195,45 @@ class Lab:
         except psutil.NoSuchProcess:
             return []
 
+    def attach(self, path: str, kernel_id: str):
+        """Open ``path``'s session on a running kernel: JupyterLab then connects the
+        notebook to that kernel instead of starting one."""
+        body = json.dumps({"path": path, "name": path, "type": "notebook",
+                           "kernel": {"id": kernel_id}}).encode()
+        req = urllib.request.Request(self.url + "/api/sessions", data=body, method="POST",
+                                     headers={"Authorization": f"token {self.token}",
+                                              "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30.0) as resp:
+            resp.read()
+
+    def explorer_kernel(self) -> str:
+        """One kernel for every lab's explorer, started once: each explorer notebook loads
+        its own inputs, and the imports (torch, matplotlib, ipywidgets) are paid once, not
+        per lab (a fresh kernel per explorer cost 3-5 s each on 2 cores)."""
+        if getattr(self, "_explorer_kernel", None) is None:
+            self._explorer_kernel = self.api("POST", "/api/kernels", timeout=60.0)["id"]
+        return self._explorer_kernel
+
+    def _kernel_processes(self, kernel_id):
+        found = []
+        for p in self.descendants():
+            try:
+                if any(kernel_id in part for part in p.cmdline()):
+                    found.append(p)
+                    found.extend(p.children(recursive=True))
+            except psutil.Error:
+                pass
+        return found
+
     def shutdown_kernels(self):
-        """Shut down every session's kernel and wait until its processes are gone."""
-        before = self.descendants()
+        """Shut down every session's kernel but the explorers' shared one, and wait until
+        their processes are gone."""
+        keep = getattr(self, "_explorer_kernel", None)
+        spared = {p.pid for p in self._kernel_processes(keep)} if keep else set()
+        before = [p for p in self.descendants() if p.pid not in spared]
         for session in self.api("GET", "/api/sessions"):
+            if keep and session.get("kernel", {}).get("id") == keep:
+                continue
             try:
                 self.api("DELETE", f"/api/sessions/{session['id']}", timeout=30.0)
             except (OSError, urllib.error.URLError):
@@ -456,6 +491,7 @@ def test_lab_in_jupyterlab(session, nb_path, request):
                                        "inputs for it (see ../conftest.py)")
             _scroll_to(driver, ".jp-OutputArea-output img")
             driver.save_screenshot(str(SCREENSHOTS / f"{nb_path.stem}.png"))
+            lab.attach(explorer.name, lab.explorer_kernel())
             _open(lab, driver, explorer.name, settle=False)
             _run_all(driver, explorer.name, code_sources(explorer))
             _check_widgets(driver, name)
