@@ -139,18 +139,23 @@ def straggler_timeline(steps=8, slow=2, lag_ms=6.0):
                            results=[{"step_s": [0.02] * steps} for _ in range(3)])
 
 
-def test_straggler_numbers_find_who_arrived_last_and_who_waited():
-    m = lab09.straggler_numbers(straggler_timeline())
+def test_straggler_numbers_find_who_arrived_last_and_who_waited_on_the_replay():
+    """Read on the replay: the ring all-reduce priced on the link, 2(n - 1) = 4 latencies of
+    1 ms; the 11 ms between a step's all-reduce and the next forward is untraced work, kept.
+    A step: 2 ms of passes + 6 ms of slowdown + 4 + 11 = 23 ms; ranks 0 and 1 wait 6."""
+    from parlab import sim
+    m = lab09.straggler_numbers(straggler_timeline(), link=sim.Link(1e-3, 1e12))
     assert m["planted"] == 2 and m["steps"] == 5          # 8 steps, 2 skipped, the last dropped
     assert m["last"] == {0: 0, 1: 0, 2: 5}
-    assert m["shares"][0]["wait"] == pytest.approx(6 / 20) and m["shares"][2]["wait"] == 0
-    assert m["step_ms"] == pytest.approx(20)
+    assert m["shares"][0]["wait"] == pytest.approx(6 / 23) and m["shares"][2]["wait"] == 0
+    assert m["shares"][2]["compute"] == pytest.approx(8 / 23)
+    assert m["step_ms"] == pytest.approx(23) and m["source"].startswith("replayed on 3 dedicated")
 
 
-def straggler(last, waits, core=(0.1, 0.1, 0.1), steps=18):
+def straggler(last, waits, compute=(0.4, 0.4, 0.9), steps=18):
     return {"planted": 2, "steps": steps, "last": dict(enumerate(last)),
-            "shares": {r: {"wait": w, "compute": 0.2, "core_wait": c}
-                       for r, (w, c) in enumerate(zip(waits, core))}, "step_ms": 40.0}
+            "shares": {r: {"wait": w, "compute": c} for r, (w, c) in enumerate(zip(waits, compute))},
+            "step_ms": 40.0}
 
 
 def test_straggler_shown_when_it_arrives_last_and_the_others_wait():
@@ -161,8 +166,8 @@ def test_straggler_shown_when_it_arrives_last_and_the_others_wait():
 
 def test_straggler_not_shown_when_the_others_barely_wait_or_it_is_rarely_last():
     v = lessons.evaluate("09.straggler_is_waited_for",
-                         straggler([2, 2, 14], [0.55, 0.6, 0.02], core=(0.3, 0.4, 0.1)))
-    assert not v.shown and v.why == ("waiting for a core: rank 0 30%, rank 1 40%, rank 2 10%")
+                         straggler([2, 2, 14], [0.55, 0.6, 0.02]))
+    assert not v.shown and v.why == "computing: rank 0 40%, rank 1 40%, rank 2 90%"
     v = lessons.evaluate("09.straggler_is_waited_for", straggler([1, 1, 16], [0.2, 0.6, 0.02]))
     assert not v.shown and "rank 0 20%" in v.figures
 

@@ -273,12 +273,16 @@ def straggler_runs(steps: int = 20, kinds=("even", "straggler")) -> dict:
     return runs
 
 
-def straggler_numbers(run, skip: int = 2) -> dict:
-    """What lesson 09.straggler_is_waited_for reads from the straggler run, per warm step:
-    which rank arrived last at the gradient all-reduce (the one that waited least), and
-    each rank's shares of its warm steps: waiting, computing, waiting for a core."""
+def straggler_numbers(run, skip: int = 2, link=None) -> dict:
+    """What lesson 09.straggler_is_waited_for reads from the straggler run replayed on
+    dedicated devices (``replays.replayed``: its measured work, no rank waiting for a
+    core), per warm step: which rank arrived last at the gradient all-reduce (the one
+    that waited least), each rank's shares of its warm steps (waiting, computing), and
+    the median step; ``link``: the replay's (this machine's idle link by default)."""
     import statistics
-    tl = run.timeline
+
+    from . import replays
+    tl = replays.replayed(run, link)
     n = len(run.results)
     windows = {r: tl.step_windows("forward", rank=r)[skip:-1] for r in range(n)}
     steps = min(len(w) for w in windows.values())
@@ -290,10 +294,10 @@ def straggler_numbers(run, skip: int = 2) -> dict:
     for r in range(n):
         a, b = windows[r][0][0], windows[r][steps - 1][1]
         secs = tl.window(a, b).seconds_by_kind(r)
-        shares[r] = {k: secs[k] / (b - a) for k in ("wait", "compute", "core_wait")}
-    return {"planted": next(iter(STRAGGLER)), "steps": steps,
+        shares[r] = {k: secs.get(k, 0.0) / (b - a) for k in ("wait", "compute")}
+    return {"planted": next(iter(STRAGGLER)), "steps": steps, "source": replays.source(tl),
             "last": {r: last.count(r) for r in range(n)}, "shares": shares,
-            "step_ms": statistics.median(run.results[0]["step_s"][skip:]) * 1e3}
+            "step_ms": statistics.median(b - a for a, b in windows[0][:steps]) * 1e3}
 
 
 def _straggler_experiment() -> dict:
@@ -312,21 +316,28 @@ def straggler_is_waited_for(m: dict):
     figures = (f"rank {p} arrived last in {last[p]} of {m['steps']} warm steps; waiting: "
                + ", ".join(f"rank {r} {sh[r]['wait']:.0%}" for r in sorted(sh)))
     shown = last[p] >= 0.8 * m["steps"] and all(sh[r]["wait"] >= 1 / 3 for r in others)
-    why = ("waiting for a core: " + ", ".join(f"rank {r} {sh[r]['core_wait']:.0%}"
-                                              for r in sorted(sh)))
+    why = "computing: " + ", ".join(f"rank {r} {sh[r]['compute']:.0%}" for r in sorted(sh))
     return shown, figures, why
 
 
-def plot_straggler(run, steps: int = 3, title: str | None = None):
-    """Three warm steps of the straggler run, each lane named by its role."""
+def plot_straggler(run, steps: int = 3, title: str | None = None, measured: bool = False):
+    """Three warm steps of the straggler run, replayed on dedicated devices (``measured``:
+    as this machine ran them), each lane named by its role."""
     from .. import plot
+    from ..sim import ReplayedTimeline
     from ..timeline import Timeline
+    from . import replays
     p = next(iter(STRAGGLER))
-    labels = {r: f"rank {r}" + (f" · {STRAGGLER[r]:g}x slower (emulated)" if r == p else "")
+    tl = run.timeline if measured else replays.replayed(run)
+    role = {p: f" · {STRAGGLER[p]:g}x slower (emulated)"}
+    labels = {r: f"rank {r}" + role.get(r, "") + ("" if measured else " · replayed")
               for r in range(len(run.results))}
-    tl = Timeline(run.timeline.step(4, rank=0, count=steps).spans, labels)
-    return plot.timeline(tl, color_by="name", title=title or (
-        f"data parallel, rank {p} {STRAGGLER[p]:g}x slower: {steps} warm steps (measured)"))
+    step = tl.step(4, rank=0, count=steps)
+    shown = (Timeline(step.spans, labels) if measured
+             else ReplayedTimeline(step.spans, labels, notes=tl.notes))
+    how = "measured on this machine" if measured else "replayed on dedicated devices"
+    return plot.timeline(shown, color_by="name", title=title or (
+        f"data parallel, rank {p} {STRAGGLER[p]:g}x slower: {steps} warm steps ({how})"))
 
 
 # ------------------------------------------------------------------ a rank that dies
