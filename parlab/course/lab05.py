@@ -231,7 +231,7 @@ def on_this_machine(runs: dict, replays: dict):
         print(f"{name:>7}: median warm step {np.median(run.results[0]['step_s'][2:]) * 1e3:.1f} ms "
               f"measured here, {np.median(step_seconds(replays[name])) * 1e3:.1f} ms replayed")
     lanes = {2: "rank 0 · buckets", 3: "rank 1 · buckets"}
-    return compare({f"measured on this laptop's wall clock: {name}":
+    return compare({f"measured on this machine's wall clock: {name}":
                     Timeline(run.timeline.recorded, lanes).step(-2) for name, run in runs.items()})
 
 

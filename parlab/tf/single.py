@@ -45,7 +45,7 @@ def train_custom(model, x, y, *, epochs: int = 5, batch_size: int = 64, lr: floa
             loss = float(step(tf.constant(xb), tf.constant(yb)))
             history["loss"].append(loss)
             bar.update(1)
-            bar.set_postfix(loss=f"{loss:.3f}")
+            bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
         if x_test is not None:
             history["test_accuracy"].append(accuracy(model, x_test, y_test))
     bars.finish(bar, history["loss"][-1] if history["loss"] else None)

@@ -47,7 +47,7 @@ def train(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int = 5,
             opt.step()
             history["loss"].append(loss.item())
             bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+            bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
         if x_test is not None:
             model.eval()
             history["test_accuracy"].append(accuracy(model, x_test, y_test, device))
