@@ -130,6 +130,7 @@ class Lab:
         shutil.copytree(LABS_DIR, self.root,
                         ignore=shutil.ignore_patterns("traces", ".ipynb_checkpoints"))
         self.token = secrets.token_hex(24)
+        self._explorer_kernel = None          # explorer_kernel(): started on first use
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         home = tmp / "jupyter"
@@ -182,9 +183,12 @@ class Lab:
         raise RuntimeError(f"JupyterLab did not answer within {deadline_s:.0f} s:\n"
                            + self.log_tail())
 
-    def api(self, method, path, timeout=10.0):
-        req = urllib.request.Request(self.url + path, method=method,
-                                     headers={"Authorization": f"token {self.token}"})
+    def api(self, method, path, timeout=10.0, body=None):
+        headers = {"Authorization": f"token {self.token}"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+            body = json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=body, method=method, headers=headers)
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             body = resp.read()
         return json.loads(body) if body else None
@@ -198,19 +202,14 @@ class Lab:
     def attach(self, path: str, kernel_id: str):
         """Open ``path``'s session on a running kernel: JupyterLab then connects the
         notebook to that kernel instead of starting one."""
-        body = json.dumps({"path": path, "name": path, "type": "notebook",
-                           "kernel": {"id": kernel_id}}).encode()
-        req = urllib.request.Request(self.url + "/api/sessions", data=body, method="POST",
-                                     headers={"Authorization": f"token {self.token}",
-                                              "Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=30.0) as resp:
-            resp.read()
+        self.api("POST", "/api/sessions", timeout=30.0, body={
+            "path": path, "name": path, "type": "notebook", "kernel": {"id": kernel_id}})
 
     def explorer_kernel(self) -> str:
         """One kernel for every lab's explorer, started once: each explorer notebook loads
         its own inputs, and the imports (torch, matplotlib, ipywidgets) are paid once, not
         per lab (a fresh kernel per explorer cost 3-5 s each on 2 cores)."""
-        if getattr(self, "_explorer_kernel", None) is None:
+        if self._explorer_kernel is None:
             self._explorer_kernel = self.api("POST", "/api/kernels", timeout=60.0)["id"]
         return self._explorer_kernel
 
@@ -228,7 +227,7 @@ class Lab:
     def shutdown_kernels(self):
         """Shut down every session's kernel but the explorers' shared one, and wait until
         their processes are gone."""
-        keep = getattr(self, "_explorer_kernel", None)
+        keep = self._explorer_kernel
         spared = {p.pid for p in self._kernel_processes(keep)} if keep else set()
         before = [p for p in self.descendants() if p.pid not in spared]
         for session in self.api("GET", "/api/sessions"):
