@@ -42,5 +42,7 @@ def replayed(run, link=None):
 
 def source(tl, link: str = "this machine's idle link") -> str:
     """What a lesson read from a replay, for its verdict: "replayed on 2 dedicated devices,
-    this machine's idle link"."""
+    this machine's idle link"; nothing for a timeline that is not a replay."""
+    if not getattr(tl, "replayed", False):
+        return ""
     return f"replayed on {tl.notes.get('devices', len(tl.ranks))} dedicated devices, {link}"
