@@ -5,8 +5,9 @@ import math
 
 from ..launcher import LaunchResult, launch
 from ..split import share
-from . import lessons
+from . import lessons, replays
 from .exercise import Exercise, check, register, run_on_ranks  # noqa: F401 (labNN.check)
+from .replays import replayed  # noqa: F401 (lab08.replayed: a run on dedicated devices)
 
 
 def run_zero(*, devices=None, variants=None, sizes=None, global_batch: int = 64, steps: int = 5,
@@ -197,25 +198,31 @@ def check_zero2_step(fn, world_size: int = 4):
 
 
 def plot_zero_steps(run, variants=("ddp", "zero1", "zero2", "zero3"), *, rank: int = 0,
-                    title: str = ""):
+                    title: str = "", measured: bool = False):
     """One lane per variant: ``rank``'s quickest step of each variant of a ``run_zero``
-    run, each from its own start; transfers coloured by their collective (drawn as
-    ``plot.timeline``'s axis colours: all_gather, all_reduce, reduce_scatter)."""
+    run, replayed on dedicated devices (``measured``: as this machine ran it), each from
+    its own start; transfers coloured by their collective (drawn as ``plot.timeline``'s
+    axis colours: all_gather, all_reduce, reduce_scatter)."""
     from .. import plot, zero as zero_plan
+    from ..sim import ReplayedTimeline
     from ..steps import quickest_step
     from ..torch import zero
     from ..trace import Span, Timeline
-    windows = zero.variant_windows(run.timeline, variants)
+    tl = run.timeline if measured else replays.replayed(run)
+    windows = zero.variant_windows(tl, variants)
     spans, labels = [], {}
     for lane, v in enumerate(variants):
-        step = quickest_step(run.timeline.window(*windows[v]).filter(ranks=[rank]), skip=1)
-        labels[lane] = zero.LABELS[v]
+        step = quickest_step(tl.window(*windows[v]).filter(ranks=[rank]), skip=1)
+        labels[lane] = zero.LABELS[v] + ("" if measured else " · replayed")
         spans += [Span(lane, s.kind, s.name.replace("grad ", "").replace("param ", ""),
                        s.start - step.start, s.end - step.start, s.bytes,
                        axis=zero_plan.op_of(s.name) if s.kind == "comm" else None)
                   for s in step.spans]
-    return plot.timeline(Timeline(spans, labels), color_by="axis", names=False,
-                         title=title or f"rank {rank}, the quickest step of each (measured)")
+    how = "measured on this machine" if measured else "replayed on dedicated devices"
+    shown = Timeline(spans, labels) if measured else ReplayedTimeline(spans, labels,
+                                                                        notes=tl.notes)
+    return plot.timeline(shown, color_by="axis", names=False,
+                         title=title or f"rank {rank}, the quickest step of each ({how})")
 
 
 # ------------------------------------------------------------------ lessons
