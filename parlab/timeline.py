@@ -50,7 +50,7 @@ def split_waits(spans: Iterable[Span]) -> list[Span]:
         elif len(members) == 2:             # ("p", ranks, src, dst, tag, seq)
             a, b = (spans[i] for i in members)
             for me, other, i in ((a, b, members[0]), (b, a, members[1])):
-                if me.key[0] in ("recv", "send"):
+                if me.key[0] in ("recv", "recv_any", "send"):
                     arrival[i] = other.start
     out = []
     for i, s in enumerate(spans):

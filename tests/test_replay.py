@@ -305,3 +305,39 @@ def test_an_edge_whose_wait_moved_after_the_clock_is_taken_again(monkeypatch):
     times = iter([1.0, 2.0])
     counters, t = core_waits.at_edge(lambda: next(times))
     assert counters[1] == 0.005 and t == 2.0
+
+
+def test_an_any_source_receiver_serves_the_message_that_arrives_first():
+    """Recorded on shared cores, the server heard slow rank 2 first; on dedicated devices
+    fast rank 1's push arrives first (at 3 ms), so it is served first, and rank 2's
+    conversation moves after it, whole (its apply and its reply with it)."""
+    def m(role, src, dst, k):
+        return (role, ("p", (0, 1, 2), src, dst, 0, k))
+    spans = [op(0, WAIT, "wait for push", 0.0, 7 * MS, m("recv_any", 2, 0, 0)),
+             work(0, "apply", 7 * MS, 7.5 * MS),
+             op(0, COMM, "reply", 7.5 * MS, 9.5 * MS, m("send", 0, 2, 0)),
+             op(0, WAIT, "wait for push", 9.5 * MS, 9.6 * MS, m("recv_any", 1, 0, 0)),
+             work(0, "apply", 9.6 * MS, 10.1 * MS),
+             op(0, COMM, "reply", 10.1 * MS, 12.1 * MS, m("send", 0, 1, 0)),
+             op(0, WAIT, "wait for push", 12.1 * MS, 13.2 * MS, m("recv_any", 1, 0, 1)),
+             work(0, "apply", 13.2 * MS, 13.7 * MS),
+             op(0, COMM, "reply", 13.7 * MS, 15.7 * MS, m("send", 0, 1, 1)),
+             work(1, "compute", 0.0, 1 * MS),
+             op(1, COMM, "push", 1 * MS, 1.01 * MS, m("isend", 1, 0, 0)),   # posted: no time
+             op(1, COMM, "pull", 1.01 * MS, 12.1 * MS, m("recv", 0, 1, 0)),
+             work(1, "compute", 12.1 * MS, 13.1 * MS),
+             op(1, COMM, "push", 13.1 * MS, 13.11 * MS, m("isend", 1, 0, 1)),
+             op(1, COMM, "pull", 13.11 * MS, 15.7 * MS, m("recv", 0, 1, 1)),
+             work(2, "compute", 0.0, 5 * MS),
+             op(2, COMM, "push", 5 * MS, 5.01 * MS, m("isend", 2, 0, 0)),
+             op(2, COMM, "pull", 5.01 * MS, 9.5 * MS, m("recv", 0, 2, 0))]
+    tl = sim.replay(Timeline(spans), LINK)
+    served = [(s.key[1][2], round(s.start / MS, 6), round(s.end / MS, 6)) for s in tl.spans
+              if s.rank == 0 and s.name == "wait for push"]
+    # rank 1's push arrives at 3; the reply reaches it at 5.5, its next push leaves at 6.5
+    # and arrives at 8.5, after rank 2's (sent at 5, arriving at 7)
+    assert sorted(served, key=lambda x: x[1]) == [(1, 0.0, 3.0), (2, 5.5, 7.0), (1, 9.5, 9.5)]
+    assert sorted(spans_of(tl, 0, COMPUTE), key=lambda x: x[1]) == [
+        ("apply", 3.0, 3.5), ("apply", 7.0, 7.5), ("apply", 9.5, 10.0)]
+    assert sorted(spans_of(tl, 1, COMPUTE), key=lambda x: x[1]) == [("compute", 0.0, 1.0),
+                                                                    ("compute", 5.5, 6.5)]

@@ -17,7 +17,8 @@ who waited for whom. This is trace-driven simulation, as Dimemas replays MPI tra
   alpha-beta time (``collective_s``); a background collective (DDP's buckets) starts
   when issued and after its rank's previous one (drawn from then), beside the rank's work;
 * a **wait** ends when the rank's outstanding isends and background collectives are done.
-  Any-source receives keep the sender the run matched them with.
+  An any-source receiver serves its peers in the order their messages arrive in the
+  replay, each peer's conversations in their own order (``replay_program``).
 
 A replay is not a measurement and not a prediction: its timeline says so in its lanes
 ("rank 2 · replayed") and title, and ``plot.timeline`` draws it outlined.
@@ -197,13 +198,51 @@ class _Engine:
         return max(self.spans[i].bytes for i in self.members[match])
 
     def run(self) -> None:
-        while any(self.pc[r] < len(p.steps) for r, p in self.programs.items()):
+        while any(self.pc[r] < len(p.steps) or p.waiting_conversations()
+                  for r, p in self.programs.items()):
             moved = False
             for rank in self.programs:
                 moved |= self._advance(rank)
             moved |= self._settle_background()
-            if not moved:
-                raise ReplayStuck(self._stuck())
+            if not moved:   # every peer that could still send first is waiting: serve
+                moved = any(self._serve_next(r, force=True) for r in self.programs)
+                if not moved:
+                    raise ReplayStuck(self._stuck())
+
+    def _serve_next(self, rank: int, force: bool = False) -> bool:
+        """Queue the conversation whose opening message reaches ``rank`` first, once no
+        other peer can still send sooner (``force``: the soonest known now)."""
+        prog = self.programs[rank]
+        if self.pc[rank] < len(prog.steps) or not prog.waiting_conversations():
+            return False
+        arrives, sooner = {}, []
+        for peer, queue in prog.queues.items():
+            if not queue:
+                continue
+            msg = self.messages.get(queue[0][1][1].match, {})
+            if "arrives" in msg:
+                arrives[peer] = msg["arrives"]
+            else:
+                sooner.append(self._earliest_send(peer, rank))
+        if not arrives:
+            return False
+        peer = min(arrives, key=arrives.get)
+        if not force and any(t < arrives[peer] for t in sooner):
+            return False
+        prog.steps.extend(prog.queues[peer].pop(0))
+        return True
+
+    def _earliest_send(self, peer: int, rank: int) -> float:
+        """The soonest ``peer`` can send anything more: its own clock, or when a message
+        it waits for from ``rank`` arrives; never, if it waits for one not sent yet."""
+        prog = self.programs[peer]
+        if self.pc[peer] >= len(prog.steps):
+            return math.inf if not prog.waiting_conversations() else self.now[peer]
+        kind, op = prog.steps[self.pc[peer]]
+        if (kind == OP and op.match is not None and op.match[0] == "p"
+                and op.role in ("recv", "recv_any") and op.match[2] == rank):
+            return self.messages.get(op.match, {}).get("arrives", math.inf)
+        return self.now[peer]
 
     def _stuck(self) -> str:
         waiting = []
@@ -216,7 +255,7 @@ class _Engine:
 
     def _advance(self, rank: int) -> bool:
         prog, moved = self.programs[rank], False
-        while self.pc[rank] < len(prog.steps):
+        while self.pc[rank] < len(prog.steps) or self._serve_next(rank):
             kind, what = prog.steps[self.pc[rank]]
             if kind == WORK:
                 self.now[rank] += what
@@ -249,7 +288,7 @@ class _Engine:
             end = max([op.start + op.own_s, *due])
         elif op.match[0] == "p":
             msg = self.messages.setdefault(op.match, {})
-            side = "recv" if op.role == "recv" else "send"
+            side = "recv" if op.role in ("recv", "recv_any") else "send"
             if first:
                 msg[side] = op.start
             if "send" in msg and "arrives" not in msg:   # the data leaves as the send starts

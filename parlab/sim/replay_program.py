@@ -13,7 +13,11 @@ what its main lane recorded, cut at every span edge:
   collective (``Span.key``: the same match on every rank taking part) and an unkeyed
   wait (for this rank's asynchronous sends and background collectives);
 * **issues**: a background collective (DDP's buckets) starts on another lane at a moment
-  inside the rank's work; the program holds that moment.
+  inside the rank's work; the program holds that moment;
+* **conversations**: a rank that receives from any source (lab 06's asynchronous server)
+  serves its peers in the order their messages come. From each such receive to the next
+  is one conversation with the peer it heard; the program queues them per peer, in order,
+  and the replay picks the next by arrival (``Program.queues``).
 
 Edges inside an operation (a span nested in it) are placed by their share of its wall
 time. Keyed operations whose peers are not in the trace (a filtered timeline) are work.
@@ -50,6 +54,24 @@ class Program:
     edges: list = field(default_factory=list)   # (span index, is_end) per edge number
     inner: dict = field(default_factory=dict)   # edge number -> (op, share of its time)
     unmeasured_s: float = 0.0   # work kept at wall time: no counters at its edges
+    queues: dict = field(default_factory=dict)  # peer -> its conversations still to serve
+
+    def waiting_conversations(self) -> bool:
+        return any(self.queues.values())
+
+
+def _conversations(prog: Program) -> None:
+    """Cut the steps from the first any-source receive on into conversations (each opens
+    with its receive's start mark), queued by the peer heard."""
+    opens = [k - 1 for k, (kind, what) in enumerate(prog.steps)
+             if kind == OP and what.role == "recv_any"]
+    if not opens:
+        return
+    cuts = opens + [len(prog.steps)]
+    for a, b in zip(cuts, cuts[1:]):
+        conversation = prog.steps[a:b]
+        prog.queues.setdefault(conversation[1][1].match[2], []).append(conversation)
+    del prog.steps[opens[0]:]
 
 
 def is_operation(s) -> bool:
@@ -147,6 +169,7 @@ def _compile(rank, spans, members, issues, complete) -> Program:
             s = spans[op.span]
             share = (t - s.start) / s.duration if s.duration > 0 else 0.0
             prog.inner[edge] = (op, min(max(share, 0.0), 1.0))
+    _conversations(prog)
     return prog
 
 

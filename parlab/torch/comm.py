@@ -215,7 +215,7 @@ def recv_any(tensor: torch.Tensor, *, group=None, tag: int = 0, name: str = "rec
         after, end = core_waits.at_edge(time.perf_counter, core_waits.read_counters)
     else:
         after, end = None, time.perf_counter()
-    key = message_key("recv", sender, dist.get_rank(), group, tag)
+    key = message_key("recv_any", sender, dist.get_rank(), group, tag)   # the replay re-serves it
     if rec.enabled:
         rec.add(name, kind, start, end, nbytes(tensor), peer=sender,
                 axis=axis_of(pg_of(group)), key=key,

@@ -219,7 +219,7 @@ def _work(g: Group, servers: list[int], bounds, model: nn.Module, batches, rows:
         load_flat(model, flat)
         xb, yb = next(batches)
         x, y = training.on_device(xb, yb, device, rows)
-        t0 = time.perf_counter()
+        t0, ran0 = time.perf_counter(), time.thread_time()
         with span("forward"):
             loss = loss_fn(model(x), y)
         model.zero_grad(set_to_none=True)
@@ -227,8 +227,13 @@ def _work(g: Group, servers: list[int], bounds, model: nn.Module, batches, rows:
             loss.backward()
         if slowdown > 1:
             runtime.synchronize(device)
+            # On the CPU the passes' own time is the thread's CPU time: their wall time
+            # also holds waits for a core, which the idle would repeat (factor - 1) times.
+            # A GPU's passes run off this thread: their wall time, synchronized.
+            spent = (time.thread_time() - ran0 if device.type == "cpu"
+                     else time.perf_counter() - t0)
             with span("emulated slowdown"):
-                time.sleep(slow.idle_s(time.perf_counter() - t0))
+                time.sleep(slow.idle_s(spent))
         grads = flat_gradients(model).cpu()
         steps.append({"time": _now(), "loss": loss.item(), "read_version": int(headers_in[0][0])})
         sends = []
