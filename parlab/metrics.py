@@ -128,3 +128,24 @@ def merged(results, key: str = "state") -> dict:
         out.update(r[key])
     return out
 
+
+def ranks_with_ties(values):
+    """Ranks 1..n of ``values``, ties sharing their mean rank (for Spearman's rho)."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    out, i = [0.0] * len(values), 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in order[i:j + 1]:
+            out[k] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def spearman(a, b) -> float:
+    """Spearman's rank correlation: Pearson's on the ranks (ties: mean ranks)."""
+    ra, rb = np.array(ranks_with_ties(list(a))), np.array(ranks_with_ties(list(b)))
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    den = float(np.sqrt((ra ** 2).sum() * (rb ** 2).sum()))
+    return float((ra * rb).sum()) / den if den else 0.0

@@ -258,7 +258,7 @@ def named(tl, labels: dict):
     if getattr(tl, "replayed", False):
         return ReplayedTimeline(tl.spans, {r: f"{n} · replayed" for r, n in labels.items()},
                                 notes=tl.notes)
-    return Timeline(tl.spans, labels)
+    return Timeline(tl.recorded, labels)   # as recorded: a replay of it stays possible
 
 
 def straggler_numbers(runs: dict, replayed: dict | None = None) -> dict:

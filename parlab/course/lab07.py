@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from ..launcher import LaunchResult, launch
+from ..metrics import spearman
 from ..split import share
-from . import lessons
+from . import lessons, replays
 from .exercise import Exercise, check, register  # noqa: F401 (labNN.check)
 from . import lab07_explorer as _explorer
 
@@ -52,7 +53,7 @@ def _mesh_labelled(res: LaunchResult) -> LaunchResult:
 
     from ..trace import Timeline
     labels = res.results[0]["labels"]
-    return replace(res, timeline=Timeline(res.timeline.spans, labels, res.timeline.ranks))
+    return replace(res, timeline=Timeline(res.timeline.recorded, labels, res.timeline.ranks))
 
 
 def run_hybrid(shape: dict, *, sizes=None, global_batch: int = 64, steps: int = 5,
@@ -106,12 +107,16 @@ def survey_hybrid(shapes=HYBRID_SHAPES, *, sizes=None, global_batch: int = 64, s
     every round (measured in one block, dp 4 × tp 1 and dp 4 × pp 1, one plan, differed
     up to 1.5x: a busy spell of the machine landed on one shape).
 
-    Returns {"cluster": the calibrated ``sim.Cluster``, "calibration": the raw costs,
-    "rows": per shape its measured step time, its PREDICTED one (``sim.predict``),
+    Returns {"cluster": a ``sim.Cluster`` with the compute calibrated here and the replay's
+    link (no cost per collective call beyond it), "calibration": the raw costs,
+    "rows": per shape its step time measured and replayed on dedicated devices, its
+    PREDICTED one (``sim.predict``),
     bytes per rank per step on each axis, measured (mean over the rounds) and from the
     formula, and the ranks' mean share of the shape's time spent waiting for a core,
-    "timeline": every shape's steps, lanes by global rank}.
+    "timeline": every shape's steps, lanes by global rank, "replayed": its replay}.
     """
+    from dataclasses import replace
+
     import numpy as np
 
     from .. import sim
@@ -128,12 +133,24 @@ def survey_hybrid(shapes=HYBRID_SHAPES, *, sizes=None, global_batch: int = 64, s
                                              micro_batches),
                  timeout=timeout, devices=devices, pin_cores=pin_cores)
     cal = res.results[0]["calibration"]
-    cluster = sim.calibrated(cal, sizes, devices=world)
+    # compute calibrated here; messages on the link the replay prices them on, so that the
+    # replay and the prediction differ only in what the model simplifies
+    link = replays.idle_link()
+    cluster = replace(sim.calibrated(cal, sizes, devices=world), intra=link, inter=link,
+                      collective_overhead_s=0.0,
+                      name="this machine (compute calibrated here, the replay's idle link)")
     workload = sim.Workload.mlp(sizes)
     entries = res.results[0]["shapes"]
+    replayed = replays.replayed(res)
+    # on the replay, shape k runs between barriers 2k and 2k + 1 ("between shapes")
+    bars = sorted((s for s in replayed.spans
+                   if s.rank == 0 and s.kind == "comm" and s.name == "between shapes"),
+                  key=lambda s: s.start)
+    replay_windows = [(bars[2 * k].end, bars[2 * k + 1].start) for k in range(len(entries))]
     rows = []
     for k, (hs, cfg, _) in enumerate(prepared):
         windows = [res.timeline.window(*e["window"]) for e in entries[k::len(prepared)]]
+        on_replay = [replayed.window(*w) for w in replay_windows[k::len(prepared)]]
         marker = "forward" if hs.axis == "tp" else "F0"
         plan = sim.Plan(dp=hs.dp, tp=hs.tp, pp=hs.pp, micro_batches=hs.micro_batches(micro_batches))
         measured_bytes = {a: float(np.mean([w.comm_bytes(r, a) / len(w.step_windows(marker))
@@ -146,16 +163,19 @@ def survey_hybrid(shapes=HYBRID_SHAPES, *, sizes=None, global_batch: int = 64, s
             expected = {a: float(np.mean([per_stage[r % hs.pp][a] for r in range(world)]))
                         for a in ("dp", "pp")}
         warm = [b - a for w in windows for a, b in w.step_windows(marker)[2:-1]]
-        if not warm:
+        warm_replayed = [b - a for w in on_replay for a, b in w.step_windows(marker)[2:-1]]
+        if not warm or not warm_replayed:
             raise ValueError("too few steps to time: run more than 3 per round")
         shape = hs.as_dict()
         rows.append({"shape": shape, "label": " × ".join(f"{a} {n}" for a, n in shape.items()),
                      "measured_s": float(np.median(warm)),
+                     "replayed_s": float(np.median(warm_replayed)),
                      "predicted": sim.predict(workload, cluster, plan, global_batch),
                      "bytes": measured_bytes, "expected_bytes": expected,
                      "core_wait": float(np.mean([lessons.core_wait_share(w, w.ranks)
                                                  for w in windows]))})
-    return {"cluster": cluster, "calibration": cal, "rows": rows, "timeline": res.timeline}
+    return {"cluster": cluster, "calibration": cal, "rows": rows, "timeline": res.timeline,
+            "replayed": replayed}
 
 
 MESH_CASES = ({"dp": 2, "tp": 2}, {"dp": 3, "tp": 2}, {"dp": 2, "pp": 2, "tp": 2},
@@ -345,17 +365,19 @@ def strategy_explorer(here=None, *, global_batches=None):
 
 # ------------------------------------------------------------------ lessons
 def survey_numbers(survey: dict) -> dict:
-    """What lab 07's lessons read from ``survey_hybrid``: per shape its measured and
-    PREDICTED step, its bytes per rank per step on each axis (measured, formula) and
+    """What lab 07's lessons read from ``survey_hybrid``: per shape its measured, replayed
+    and PREDICTED step, its bytes per rank per step on each axis (measured, formula) and
     the ranks' core-wait share; and how many cores the ranks shared."""
     import os
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"shapes": [{"label": r["label"], "measured_s": float(r["measured_s"]),
+                        "replayed_s": float(r["replayed_s"]),
                         "predicted_s": float(r["predicted"].step_s),
                         "bytes": {a: [float(r["bytes"][a]), float(r["expected_bytes"][a])]
                                   for a in r["bytes"]},
                         "core_wait": float(r["core_wait"])} for r in survey["rows"]],
-            "ranks": survey["cluster"].devices, "cores": cores}
+            "ranks": survey["cluster"].devices, "cores": cores,
+            "replay_source": replays.source(survey["replayed"])}
 
 
 def _survey_experiment() -> dict:
@@ -380,49 +402,12 @@ def axis_bytes_match_formula(m: dict):
     return not off, figures, f"traced bytes per step off the formula: {why}"
 
 
-def _ranks(values):
-    """Ranks 1..n of ``values``, ties sharing their mean rank (for Spearman's rho)."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    out, i = [0.0] * len(values), 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in order[i:j + 1]:
-            out[k] = (i + j) / 2 + 1
-        i = j + 1
-    return out
-
-
-def spearman(a, b) -> float:
-    """Spearman's rank correlation: Pearson's on the ranks (ties: mean ranks)."""
-    import numpy as np
-    ra, rb = np.array(_ranks(list(a))), np.array(_ranks(list(b)))
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    den = float(np.sqrt((ra ** 2).sum() * (rb ** 2).sum()))
-    return float((ra * rb).sum()) / den if den else 0.0
-
-
 # dp 4's step against the quickest shape that splits the model. Measured on the quiet
 # 2-core machine, 10 runs, each shape in one block: 1.12-1.63x, dp 4 quickest in every
 # run, its own two measurements (one plan run twice) up to 1.50x apart: a margin near
 # 1.3x was a coin toss. With the shapes in turn (survey_hybrid's rounds), 10 runs each:
 # 1.31-1.64x quiet, 1.10-1.47x beside two busy loops.
 DP_MARGIN = 1.1
-
-
-def _core_waits_of(m: dict, dp: list, best: dict) -> str:
-    """The ranks' core waits in dp (mean of its measurements) and in the quickest split
-    shape, said as a cause only where they differ by 5 points or more (alike, they
-    cannot set the two apart)."""
-    a, b = sum(x["core_wait"] for x in dp) / len(dp), best["core_wait"]
-    both = (f"the ranks waited for a core {a:.0%} of dp {m['ranks']}'s time and {b:.0%} of "
-            f"{best['label']}'s ({m['ranks']} ranks on {m['cores']} cores)")
-    if a - b >= 0.05:
-        return f"core contention: {both}, slowing dp {m['ranks']} more"
-    if b - a >= 0.05:
-        return f"{both}: contention slowed the split shape more, so it is not the reason"
-    return f"{both}: alike, so not what set them apart"
 
 
 @lessons.lesson("07.data_parallel_quickest_here",
@@ -438,26 +423,23 @@ def data_parallel_quickest_here(m: dict):
     if not dp or not split:
         return False, f"{len(dp)} pure data-parallel and {len(split)} split shapes", \
             "the survey needs both"
-    # dp 4 × tp 1 and dp 4 × pp 1 are the same plan, measured twice: their mean
-    dp_s = sum(x["measured_s"] for x in dp) / len(dp)
-    best = min(split, key=lambda x: x["measured_s"])
-    margin = best["measured_s"] / dp_s
-    rho = spearman([x["predicted_s"] for x in shapes], [x["measured_s"] for x in shapes])
-    figures = (f"dp {m['ranks']} {dp_s * 1e3:.1f} ms a step (mean of its {len(dp)} "
-               f"measurements); the quickest split shape, {best['label']}, "
-               f"{best['measured_s'] * 1e3:.1f} ms: {lessons.beside(margin, DP_MARGIN)}x (the "
-               f"cost model's rank correlation with the measured order this run, PREDICTED: "
-               f"rho {rho:.2f})")
-    why = [_core_waits_of(m, dp, best)]
+    # dp 4 × tp 1 and dp 4 × pp 1 are the same plan, run twice: their mean
+    dp_s = sum(x["replayed_s"] for x in dp) / len(dp)
+    best = min(split, key=lambda x: x["replayed_s"])
+    margin = best["replayed_s"] / dp_s
+    rho = spearman([x["predicted_s"] for x in shapes], [x["replayed_s"] for x in shapes])
+    figures = (f"dp {m['ranks']} {dp_s * 1e3:.1f} ms a step (mean of its {len(dp)} runs); "
+               f"the quickest split shape, {best['label']}, {best['replayed_s'] * 1e3:.1f} ms: "
+               f"{lessons.beside(margin, DP_MARGIN)}x (the cost model's rank correlation "
+               f"with the replayed order, PREDICTED: rho {rho:.2f})")
     dp_pred = sum(x["predicted_s"] for x in dp) / len(dp)
-    why.append(f"the cost model gives {best['label']} {best['predicted_s'] / dp_pred:.2f}x "
-               f"dp {m['ranks']}'s step (PREDICTED)")
+    why = [f"the cost model gives {best['label']} {best['predicted_s'] / dp_pred:.2f}x "
+           f"dp {m['ranks']}'s step (PREDICTED)"]
     if len(dp) > 1:
-        t = [x["measured_s"] for x in dp]
-        why.append(f"the two measurements of dp {m['ranks']} differed {max(t) / min(t):.2f}x, "
+        t = [x["replayed_s"] for x in dp]
+        why.append(f"the two runs of dp {m['ranks']} differed {max(t) / min(t):.2f}x, "
                    "the same plan run twice")
-    why = "; ".join(why)
-    return margin >= DP_MARGIN, figures, why
+    return margin >= DP_MARGIN, figures, "; ".join(why), m.get("replay_source", "")
 
 
 # ------------------------------------------------------------------ the model on published runs

@@ -55,7 +55,7 @@ class Verdict:
 class Lesson:
     name: str                                   # "06.async_beats_sync": lab, then the claim's name
     claim: str                                  # the sentence the lab states
-    check: Callable[[dict], tuple]              # numbers -> (shown, figures, why)
+    check: Callable[[dict], tuple]              # numbers -> (shown, figures, why[, source])
     experiment: Callable[[], dict]              # runs the lab's measurement -> numbers
 
     @property
@@ -85,8 +85,11 @@ def evaluate(name: str, numbers: dict) -> Verdict:
         found = _LESSONS[name]
     except KeyError:
         raise KeyError(f"no lesson {name!r}; the lessons are {sorted(_LESSONS)}") from None
-    shown, figures, why = found.check(numbers)
-    source = numbers.get("source", "") if isinstance(numbers, dict) else ""
+    out = found.check(numbers)
+    shown, figures, why = out[:3]
+    # what the lesson read: its own word (a 4th value), else the numbers' "source"
+    source = out[3] if len(out) > 3 else (
+        numbers.get("source", "") if isinstance(numbers, dict) else "")
     return Verdict(name, bool(shown), figures, "" if shown else why, source)
 
 

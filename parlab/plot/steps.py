@@ -19,12 +19,16 @@ PART_LABELS = {"compute": "compute", "bubble": "pipeline bubble (idle)",
                "update": "optimizer update"}
 
 
-def plot_step_parts(entries, *, title: str, ax=None, unit: str = "ms"):
+def plot_step_parts(entries, *, title: str, ax=None, unit: str = "ms",
+                    beside: str = "measured"):
     """Stacked bars of PREDICTED step times (dotted), a measured bar beside each if given.
 
-    entries: (label, ``sim.Prediction``, measured seconds or None). A plan that does not
-    fit in memory gets an empty bar and says so.
+    entries: (label, ``sim.Prediction``, measured seconds or None). ``beside``: what
+    those seconds are, "measured" (dark bars) or "replayed" (outlined in black, as every
+    replay). A plan that does not fit in memory gets an empty bar and says so.
     """
+    if beside not in ("measured", "replayed"):
+        raise ValueError(f"beside must be 'measured' or 'replayed', got {beside!r}")
     import matplotlib.pyplot as plt
 
     from .. import plot
@@ -35,6 +39,8 @@ def plot_step_parts(entries, *, title: str, ax=None, unit: str = "ms"):
     else:
         fig = ax.figure
     colors = _part_colors()
+    bar = ({"color": "#333333"} if beside == "measured" else
+           {"facecolor": "#8c8c8c", "edgecolor": "black", "linewidth": 1.4})
     measured_any = any(m is not None for _, _, m in entries)
     width = 0.38 if measured_any else 0.7
     used = set()
@@ -53,7 +59,7 @@ def plot_step_parts(entries, *, title: str, ax=None, unit: str = "ms"):
                        hatch=plot.HATCHES[plot.PREDICTED], edgecolor="white", linewidth=0.6)
                 bottom += seconds * scale
         if measured is not None:
-            ax.bar(i + width / 2, measured * scale, width, color="#333333")
+            ax.bar(i + width / 2, measured * scale, width, **bar)
     ax.set_xticks(range(len(entries)))
     ax.set_xticklabels([label for label, _, _ in entries], fontsize=plot.FONT - 3)
     ax.set_ylabel(f"time per step ({unit})", fontsize=plot.FONT - 1)
@@ -62,8 +68,8 @@ def plot_step_parts(entries, *, title: str, ax=None, unit: str = "ms"):
                              edgecolor="white") for p in PART_LABELS if p in used]
     names = [f"PREDICTED: {PART_LABELS[p]}" for p in PART_LABELS if p in used]
     if measured_any:
-        handles.append(plt.Rectangle((0, 0), 1, 1, facecolor="#333333"))
-        names.append("measured here")
+        handles.append(plt.Rectangle((0, 0), 1, 1, **bar))
+        names.append("measured here" if beside == "measured" else "replayed on dedicated devices")
     ax.legend(handles, names, loc="upper left", bbox_to_anchor=(1.01, 1),
               fontsize=plot.FONT - 3, frameon=False)
     ax.tick_params(labelsize=plot.FONT - 3)
