@@ -74,13 +74,13 @@ def test_skips_not_shown_when_they_carry_less_than_three_quarters():
 
 def choice(dp_ms=38.8, dp_pp_ms=81.5, off=None, extra=None):
     plans = {
-        "dp": {"measured_s": dp_ms / 1e3, "predicted_s": 0.0222, "core_wait": 0.27,
+        "dp": {"replayed_s": dp_ms / 1e3, "predicted_s": 0.0222, "core_wait": 0.27,
                "devices": 4, "bytes": {r: {"dp": [117356.0, 117356.0]} for r in range(4)},
                "unexpected_axes": []},
-        "pp": {"measured_s": 0.0526, "predicted_s": 0.0265, "core_wait": 0.08, "devices": 2,
+        "pp": {"replayed_s": 0.0526, "predicted_s": 0.0265, "core_wait": 0.08, "devices": 2,
                "bytes": {r: {"pp": [1835008.0, 1835008.0]} for r in range(2)},
                "unexpected_axes": []},
-        "dp_pp": {"measured_s": dp_pp_ms / 1e3, "predicted_s": 0.0296, "core_wait": 0.24,
+        "dp_pp": {"replayed_s": dp_pp_ms / 1e3, "predicted_s": 0.0296, "core_wait": 0.24,
                   "devices": 4, "unexpected_axes": [],
                   "bytes": {r: {"pp": [917504.0, 917504.0],
                                 "dp": [72160.0 if r % 2 == 0 else 45196.0] * 2}
@@ -90,7 +90,8 @@ def choice(dp_ms=38.8, dp_pp_ms=81.5, off=None, extra=None):
         plans[plan]["bytes"][rank][axis][0] = value
     if extra:
         plans[extra[0]]["unexpected_axes"] = [extra[1]]
-    return {"plans": plans, "pick": "dp", "cores": 2}
+    return {"plans": plans, "pick": "dp", "cores": 2,
+            "replay_source": "replayed on 4 dedicated devices, this machine's idle link"}
 
 
 def test_axis_bytes_shown_when_every_count_matches():
@@ -108,19 +109,21 @@ def test_axis_bytes_not_shown_names_the_rank_and_axis():
 
 def test_choice_shown_when_the_pick_is_quicker_by_the_margin():
     v = lessons.evaluate("10.the_choice_holds_here", choice())
-    assert v.shown and "the model's pick dp 4: 38.8 ms measured (PREDICTED 22.2 ms)" in v.figures
-    assert "dp 2 × pp 2: 81.5 ms measured (PREDICTED 29.6 ms): 2.10x" in v.figures
+    assert v.shown and "the model's pick dp 4: 38.8 ms replayed (PREDICTED 22.2 ms)" in v.figures
+    assert "dp 2 × pp 2: 81.5 ms replayed (PREDICTED 29.6 ms): 2.10x" in v.figures
+    assert str(v).startswith("lesson 10.the_choice_holds_here: shown (replayed on 4 dedicated")
+    assert "replayed" not in str(lessons.evaluate("10.axis_bytes_match_formula", choice()))
 
 
 def test_choice_not_shown_when_the_other_plan_comes_close():
     v = lessons.evaluate("10.the_choice_holds_here", choice(dp_ms=70.0, dp_pp_ms=80.0))
     assert not v.shown and "1.14x" in v.figures
-    assert "waited for a core 27% of dp 4's steps and 24% of dp 2 × pp 2's (4 ranks on 2 cores)" in v.why
+    assert "the cost model gave dp 2 × pp 2 1.33x the pick's step (PREDICTED)" in v.why
 
 
 def test_choice_compares_only_plans_on_as_many_devices():
     planted = choice()
-    planted["plans"]["pp"]["measured_s"] = 0.001          # quick, but on 2 of the 4 devices
+    planted["plans"]["pp"]["replayed_s"] = 0.001          # quick, but on 2 of the 4 devices
     v = lessons.evaluate("10.the_choice_holds_here", planted)
     assert v.shown and "dp 2 × pp 2" in v.figures
     alone = copy.deepcopy(planted)

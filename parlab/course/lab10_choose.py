@@ -76,7 +76,7 @@ def expected_bytes(plan: str, cfg: UNetConfig, net=None) -> dict:
 
 # ------------------------------------------------------------------ calibration and prediction
 def calibrate(single_timelines: dict, runs: dict, cfg: UNetConfig, *, simulated: bool = True,
-              cores: int | None = None) -> dict:
+              cores: int | None = None, replayed: bool = False) -> dict:
     """The cost model for this machine, from two measurements this lab made earlier.
 
     single_timelines: {batch: the U-Net's single-device step timeline} (forward, backward,
@@ -90,6 +90,8 @@ def calibrate(single_timelines: dict, runs: dict, cfg: UNetConfig, *, simulated:
         applied to every layer's costs.
     simulated: devices that are processes sharing this CPU's ``cores`` (default: all of
         them): the model lets ranks that compute at once share them.
+    replayed: a model to set beside the runs replayed on dedicated devices: the
+        replicas' compute read on the replay, the replay's link, a processor per device.
     """
     import os
 
@@ -97,7 +99,7 @@ def calibrate(single_timelines: dict, runs: dict, cfg: UNetConfig, *, simulated:
     net = network(cfg)
     alone = sim.Measured.from_timeline(single_timelines, net, skip=1)
     replica = cfg.global_batch // DEVICES
-    dp = runs["dp"]["timeline"]
+    dp = runs["dp"]["replayed" if replayed else "timeline"]
     between = sorted(median_phase(dp, "forward", r) + median_phase(dp, "backward", r)
                      for r in runs["dp"]["ranks"])[len(runs["dp"]["ranks"]) // 2]
     one = sum(median_phase(single_timelines[replica], p, single_timelines[replica].ranks[0])
@@ -108,11 +110,17 @@ def calibrate(single_timelines: dict, runs: dict, cfg: UNetConfig, *, simulated:
                     fixed_s=alone.fixed_s * slower,
                     source=f"{alone.source}; times {slower:.2f}, a replica's forward and "
                            f"backward between messages over one device's back to back")
-    link = sim.calibrate.link_from_transfers(runs["pp"]["timeline"], ranks=runs["pp"]["ranks"])
+    if replayed:
+        from .replays import idle_link
+        link = idle_link()
+    else:
+        link = sim.calibrate.link_from_transfers(runs["pp"]["timeline"],
+                                                 ranks=runs["pp"]["ranks"])
     flops = sim.calibrate.compute_rate(net, costs)
     cluster = sim.calibrate.this_machine(link, flops=flops, layer_overhead_s=costs.fixed_s,
                                          devices=DEVICES)
-    cluster = replace(cluster, cores=(cores or os.cpu_count() or 1) if simulated else 0)
+    cluster = replace(cluster, cores=(cores or os.cpu_count() or 1)
+                      if simulated and not replayed else 0)
     return {"cluster": cluster, "costs": costs, "link": link, "net": net,
             "between_messages": slower}
 
