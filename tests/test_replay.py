@@ -194,6 +194,13 @@ def test_a_two_tier_link_prices_messages_between_nodes_at_the_slow_link():
     tl = sim.replay(Timeline(spans), sim.TwoTier(LINK, slow, node_size=2))
     # 0 -> 1 inside a node: 2 ms; 2 -> 1 between nodes, sent at 0: 10 ms + 1000 B / 100 kB/s
     assert spans_of(tl, 1, COMM) == [("recv", 0.0, 2.0), ("recv", 2.0, 20.0)]
+    # the same ranks in nodes (0, 2) and (1, 3): now 0 -> 1 crosses, 2 -> 1 crosses too
+    across = sim.replay(Timeline(spans), sim.TwoTier(LINK, slow, nodes=((0, 2), (1, 3))))
+    assert spans_of(across, 1, COMM) == [("recv", 0.0, 20.0), ("recv", 20.0, 20.0)]
+    with pytest.raises(ValueError, match="each rank once"):
+        sim.TwoTier(LINK, slow, nodes=((0, 1), (1, 2)))
+    with pytest.raises(ValueError, match="rank 2 is in none of the nodes"):
+        sim.replay(Timeline(spans), sim.TwoTier(LINK, slow, nodes=((0, 1), (3,))))
 
 
 def test_a_replay_is_drawn_outlined_and_titled_so_never_as_a_measurement():

@@ -44,24 +44,39 @@ LINK_CACHE = Path(_CACHE) / "idle-link.json"
 
 @dataclass(frozen=True)
 class TwoTier:
-    """A fast link inside each node of ``node_size`` ranks, a slow one between nodes; a
-    group that spans nodes runs at the slow link's pace (its ring crosses it)."""
+    """A fast link inside each node, a slow one between nodes; a group that spans nodes
+    runs at the slow link's pace (its ring crosses it). Nodes: consecutive ranks,
+    ``node_size`` a node; or ``nodes``, the ranks of each node, e.g. ((0, 2), (1, 3))."""
 
     inside: Link
     between: Link
-    node_size: int
+    node_size: int = 0
+    nodes: tuple = ()
 
     def __post_init__(self):
-        if not (isinstance(self.node_size, int) and self.node_size >= 1):
-            raise ValueError(f"TwoTier: node_size must be a whole number of ranks >= 1, "
-                             f"got {self.node_size!r}")
+        if self.nodes:
+            flat = [r for node in self.nodes for r in node]
+            if len(flat) != len(set(flat)) or not all(isinstance(r, int) for r in flat):
+                raise ValueError(f"TwoTier: nodes must list each rank once, got {self.nodes!r}")
+        elif not (isinstance(self.node_size, int) and self.node_size >= 1):
+            raise ValueError(f"TwoTier: node_size must be a whole number of ranks >= 1 "
+                             f"(or give nodes=((0, 1), (2, 3))), got {self.node_size!r}")
+
+    def node(self, rank: int):
+        if not self.nodes:
+            return rank // self.node_size
+        found = [k for k, node in enumerate(self.nodes) if rank in node]
+        if not found:
+            raise ValueError(f"TwoTier: rank {rank} is in none of the nodes {self.nodes}")
+        return found[0]
 
     def of(self, ranks) -> Link:
-        return self.inside if len({r // self.node_size for r in ranks}) == 1 else self.between
+        return self.inside if len({self.node(r) for r in ranks}) == 1 else self.between
 
     def __str__(self) -> str:
-        return (f"{self.node_size} ranks a node: inside {self.inside}; "
-                f"between nodes {self.between}")
+        where = (f"nodes {list(map(list, self.nodes))}" if self.nodes
+                 else f"{self.node_size} ranks a node")
+        return f"{where}: inside {self.inside}; between nodes {self.between}"
 
 
 def link_preset(name: str) -> Link:
