@@ -115,3 +115,20 @@ def test_throughput_counts_the_gradients_that_came_while_every_worker_pushed():
     assert part["until"] == pytest.approx(4 * ms)          # worker 1's last gradient
     assert part["pushes"] == {1: 4, 2: 1}                   # the one at 5 ms came alone
     assert lab06.samples_per_s(Timeline(spans), 64, 2) == pytest.approx(5 * 32 / (4 * ms))
+
+
+def test_the_loss_history_on_a_replay_keeps_each_workers_own_order():
+    from types import SimpleNamespace
+
+    from parlab.course import lab06
+    from parlab.trace import Span, Timeline
+    ms = 1e-3
+    # the run applied worker 2's gradient first; on the replay worker 1's arrives first
+    applied = [{"time": 5.0, "worker": 2, "loss": 2.0}, {"time": 6.0, "worker": 1, "loss": 1.0},
+               {"time": 7.0, "worker": 1, "loss": 0.5}]
+    run = SimpleNamespace(results=[{"applied": applied, "start": 4.0}])
+    spans = [Span(0, "wait", "wait for push", 0.0, 0.5 * ms)]
+    spans += [Span(0, "comm", "receive gradients", (t - 0.1) * ms, t * ms, 100, peer=w)
+              for t, w in ((1, 1), (2, 2), (3, 1))]
+    got = [(h["worker"], h["loss"], round(h["time"] / ms, 6)) for h in lab06.history_on(Timeline(spans), run)]
+    assert got == [(1, 1.0, 1.0), (2, 2.0, 2.0), (1, 0.5, 3.0)]

@@ -216,7 +216,7 @@ def one_device_at_a_time(m: dict):
 @lessons.lesson("02.split_not_faster",
                 "a split step is no faster than one device's: the stages run one after "
                 "another and only the last stage's update overlaps (the split's median step "
-                "at least one device's less that update)",
+                "no shorter than one device's minus that update)",
                 _mlp_experiment)
 def split_not_faster(m: dict):
     ratio = m["split_step"] / m["one_step"]

@@ -245,9 +245,18 @@ def samples_per_s(tl, global_batch: int = 64, workers: int = 2) -> float:
 
 def history_on(tl, run) -> list[dict]:
     """Server 0's record of each applied gradient (``parameter_server.history``), timed
-    by ``tl``: on a replay, when the gradient reached the server there."""
+    by ``tl``: on a replay, when the gradient reached the server there. A worker's k-th
+    gradient is its k-th there too; the workers' turns may differ from the run's."""
     from ..torch import parameter_server as ps
-    return [dict(h, time=t) for h, (t, _) in zip(ps.history(run.results), arrivals(tl))]
+    times: dict[int, list[float]] = {}
+    for t, w in arrivals(tl):
+        times.setdefault(w, []).append(t)
+    seen: dict[int, int] = {}
+    out = []
+    for h in ps.history(run.results):
+        k = seen[h["worker"]] = seen.get(h["worker"], -1) + 1
+        out.append(dict(h, time=times[h["worker"]][k]))
+    return sorted(out, key=lambda h: h["time"])
 
 
 def named(tl, labels: dict):
