@@ -206,11 +206,14 @@ def test_a_two_tier_link_prices_messages_between_nodes_at_the_slow_link():
 def test_a_replay_is_drawn_outlined_and_titled_so_never_as_a_measurement():
     from parlab import plot
     spans = [work(0, "forward", 0.0, 1 * MS), op(0, COMM, "send", 1 * MS, 2 * MS, msg("send", 0, 1)),
-             op(1, COMM, "recv", 0.0, 2 * MS, msg("recv", 0, 1))]
+             op(1, COMM, "recv", 0.0, 2 * MS, msg("recv", 0, 1)),
+             work(1, "backward", 3 * MS, 4 * MS)]     # 1 ms untraced before it: priced as work
     fig = plot.timeline(sim.replay(Timeline(spans), LINK))
     ax = fig.axes[0]
     assert "replayed" in ax.get_title()
-    assert "replayed (dedicated devices)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "replayed (dedicated devices)" in legend
+    assert "untraced work or idle" in legend and "idle" not in legend
     from matplotlib.colors import to_rgba
     from parlab.plot.style import COLORS
 

@@ -125,7 +125,9 @@ def timeline(tl: Timeline, *, title: str | None = None, ax=None, names: bool = T
     else:
         entries = []
         kinds = [k for k in (COMPUTE, COMM, WAIT, CORE_WAIT, IDLE) if k in present]
-    entries += [(LABELS[k], COLORS[k], HATCHES.get(k)) for k in kinds]
+    # a replay prices the time between traced spans as work: its gaps are not all idle
+    entries += [("untraced work or idle" if k == IDLE and replayed else LABELS[k], COLORS[k],
+                 HATCHES.get(k)) for k in kinds]
     if predicted:
         entries.append((LABELS[PREDICTED], "white", HATCHES[PREDICTED]))
     if replayed:
