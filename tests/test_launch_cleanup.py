@@ -63,6 +63,12 @@ def start_helper_then(rank, world_size, pid_file, then):
     with open(pid_file, "a") as fh:
         fh.write(f"{helper.pid}\n")
     if then == "raise" and rank == 0:
+        # every rank's helper first: the launcher stops the others 0.3 s after a failure,
+        # and a rank slow to start (loaded cores) would be stopped before starting its own
+        deadline = time.monotonic() + 30
+        while (len(Path(pid_file).read_text().split()) < world_size
+               and time.monotonic() < deadline):
+            time.sleep(0.02)
         raise RuntimeError("rank 0 gives up, leaving its helper behind")
     if then == "die on stack request":
         # as a multi-threaded TensorFlow rank sometimes does (SIGSEGV inside the dump)

@@ -116,9 +116,9 @@ def test_balance_cuts_where_trying_every_cut_did_ties_and_free_layers_included()
 @pytest.mark.timeout(30)
 def test_balance_cuts_8000_layers_into_64_stages_well_under_a_second():
     costs = list(np.random.default_rng(1).random(8000))
-    start = time.perf_counter()
+    start = time.process_time()     # CPU time: other processes on the machine do not add
     bounds = balance(costs, 64)
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 1.0
     assert max(stage_costs(costs, bounds)) <= sum(costs) / 64 + max(costs)
 
 
