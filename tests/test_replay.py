@@ -233,9 +233,15 @@ def test_the_idle_link_is_kept_and_read_back(tmp_path, monkeypatch):
     spans = [work(0, "forward", 0.0, 1 * MS)]
     with pytest.raises(ValueError, match="no link given and none measured"):
         sim.replay(Timeline(spans))
-    replay_module.save_idle_link(LINK, "a test")
+    assert replay_module.save_idle_link(LINK, "a test") == LINK
     assert replay_module.idle_link() == LINK
     assert sim.replay(Timeline(spans)).notes["link"] == str(LINK)
+    # a slower measurement (a loaded machine) keeps the quicker link; a quicker one replaces it
+    slower, quicker = sim.Link(2 * LINK.latency_s, LINK.bandwidth_Bps), sim.Link(1e-4, 1e7)
+    assert replay_module.save_idle_link(slower, "beside a busy loop") == LINK
+    assert replay_module.idle_link() == LINK
+    assert replay_module.save_idle_link(quicker, "quiet") == quicker
+    assert replay_module.idle_link() == quicker
 
 
 def test_a_lesson_that_read_a_replay_says_so():

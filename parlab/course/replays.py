@@ -19,7 +19,7 @@ def idle_link(refresh: bool = False, timeout: float = 120.0) -> sim.Link:
 
     Each size's lower quartile stands for the idle machine: a repetition the scheduler
     delayed (another program, a busy loop) is slower, never faster. ``refresh``: measure
-    again.
+    again, and keep the new link only if it is the quicker (``sim.replay.save_idle_link``).
     """
     if not refresh and (link := kept_link()) is not None:
         return link
@@ -29,9 +29,8 @@ def idle_link(refresh: bool = False, timeout: float = 120.0) -> sim.Link:
                  pin_cores=True)
     records = run.results[0]
     fit = fit_link([r["bytes"] for r in records], [r["lower_quartile_s"] for r in records])
-    link = sim.Link(fit.latency_s, fit.bandwidth_Bps)
-    save_idle_link(link, "ping-pong of two pinned ranks, lower quartile per size")
-    return link
+    return save_idle_link(sim.Link(fit.latency_s, fit.bandwidth_Bps),
+                          "ping-pong of two pinned ranks, lower quartile per size")
 
 
 def replayed(run, link=None):
