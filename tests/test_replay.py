@@ -357,3 +357,20 @@ def test_an_any_source_receiver_serves_the_message_that_arrives_first():
         ("apply", 3.0, 3.5), ("apply", 7.0, 7.5), ("apply", 9.5, 10.0)]
     assert sorted(spans_of(tl, 1, COMPUTE), key=lambda x: x[1]) == [("compute", 0.0, 1.0),
                                                                     ("compute", 5.5, 6.5)]
+
+
+def test_lanes_are_named_as_what_the_timeline_is_and_parts_cut_at_barriers():
+    from parlab.course import replays
+    spans = [work(0, "forward", 0.0, 1 * MS), op(0, COMM, "send", 1 * MS, 2 * MS, msg("send", 0, 1)),
+             op(1, COMM, "recv", 0.0, 2 * MS, msg("recv", 0, 1))]
+    measured, replayed = Timeline(spans), sim.replay(Timeline(spans), LINK)
+    named = replays.lanes_named(replayed, {0: "server", 1: "worker"})
+    assert named.replayed and named.labels == {0: "server · replayed", 1: "worker · replayed"}
+    assert named.notes == replayed.notes
+    named = replays.lanes_named(measured, {0: "server", 1: "worker"})
+    assert not getattr(named, "replayed", False) and named.labels == {0: "server", 1: "worker"}
+    assert sim.replay(named, LINK).replayed           # still as recorded: it replays
+    bars = [Span(0, COMM, "between", t, t + 0.1) for t in (0.0, 1.0, 2.0, 3.0)]
+    assert replays.between_barriers(Timeline(bars), "between", 2) == [(0.1, 1.0), (2.1, 3.0)]
+    with pytest.raises(ValueError, match="3 parts need 6"):
+        replays.between_barriers(Timeline(bars), "between", 3)

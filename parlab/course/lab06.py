@@ -261,13 +261,8 @@ def history_on(tl, run) -> list[dict]:
 
 def named(tl, labels: dict):
     """``tl`` with its lanes named ``labels`` ({rank: role}), still drawn as what it is
-    (a replay says so in every lane)."""
-    from ..sim import ReplayedTimeline
-    from ..timeline import Timeline
-    if getattr(tl, "replayed", False):
-        return ReplayedTimeline(tl.spans, {r: f"{n} · replayed" for r, n in labels.items()},
-                                notes=tl.notes)
-    return Timeline(tl.recorded, labels)   # as recorded: a replay of it stays possible
+    (``replays.lanes_named``)."""
+    return replays.lanes_named(tl, labels)
 
 
 def straggler_numbers(runs: dict, replayed: dict | None = None) -> dict:

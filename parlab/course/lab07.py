@@ -142,11 +142,7 @@ def survey_hybrid(shapes=HYBRID_SHAPES, *, sizes=None, global_batch: int = 64, s
     workload = sim.Workload.mlp(sizes)
     entries = res.results[0]["shapes"]
     replayed = replays.replayed(res)
-    # on the replay, shape k runs between barriers 2k and 2k + 1 ("between shapes")
-    bars = sorted((s for s in replayed.spans
-                   if s.rank == 0 and s.kind == "comm" and s.name == "between shapes"),
-                  key=lambda s: s.start)
-    replay_windows = [(bars[2 * k].end, bars[2 * k + 1].start) for k in range(len(entries))]
+    replay_windows = replays.between_barriers(replayed, "between shapes", len(entries))
     rows = []
     for k, (hs, cfg, _) in enumerate(prepared):
         windows = [res.timeline.window(*e["window"]) for e in entries[k::len(prepared)]]

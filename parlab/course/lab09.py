@@ -324,17 +324,12 @@ def plot_straggler(run, steps: int = 3, title: str | None = None, measured: bool
     """Three warm steps of the straggler run, replayed on dedicated devices (``measured``:
     as this machine ran them), each lane named by its role."""
     from .. import plot
-    from ..sim import ReplayedTimeline
-    from ..timeline import Timeline
     from . import replays
     p = next(iter(STRAGGLER))
     tl = run.timeline if measured else replays.replayed(run)
     role = {p: f" · {STRAGGLER[p]:g}x slower (emulated)"}
-    labels = {r: f"rank {r}" + role.get(r, "") + ("" if measured else " · replayed")
-              for r in range(len(run.results))}
-    step = tl.step(4, rank=0, count=steps)
-    shown = (Timeline(step.spans, labels) if measured
-             else ReplayedTimeline(step.spans, labels, notes=tl.notes))
+    labels = {r: f"rank {r}" + role.get(r, "") for r in range(len(run.results))}
+    shown = replays.lanes_named(tl.step(4, rank=0, count=steps), labels)
     how = "measured on this machine" if measured else "replayed on dedicated devices"
     return plot.timeline(shown, color_by="name", title=title or (
         f"data parallel, rank {p} {STRAGGLER[p]:g}x slower: {steps} warm steps ({how})"))

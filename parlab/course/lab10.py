@@ -107,17 +107,13 @@ def run_plans(plans=(("dp", 1), ("pp", 1), ("dp_pp", 2)), *, cfg: UNetConfig = C
     dp 2 × pp 2 on a mesh. Returns {plan: {"results", "timeline" (its steps only, lanes
     named by mesh coordinates), "replayed" (the same, replayed on dedicated devices),
     "ranks" (those that trained)}} and "launch"."""
-    from ..sim import ReplayedTimeline
     from ..torch import unet
     from ..trace import Timeline
     res = launch(unet.measure_plans, 4, args=(cfg, tuple(plans)), devices=devices,
                  pin_cores=pin_cores, timeout=timeout)
     out = {"launch": res}
     rp = replays.replayed(res)
-    # on the replay, plan k runs between barriers 2k and 2k + 1 ("between plans")
-    bars = sorted((s for s in rp.spans
-                   if s.rank == 0 and s.kind == "comm" and s.name == "between plans"),
-                  key=lambda s: s.start)
+    on_replay = replays.between_barriers(rp, "between plans", len(res.results[0]))
     for k, entry in enumerate(res.results[0]):
         plan = entry["plan"]
         results = [r[k]["result"] for r in res.results]
@@ -128,12 +124,11 @@ def run_plans(plans=(("dp", 1), ("pp", 1), ("dp_pp", 2)), *, cfg: UNetConfig = C
             labels = {0: "rank 0 · stage 0 (encoder)", 1: "rank 1 · stage 1 (decoder)"}
         elif plan == "dp":
             labels = {r: f"rank {r} · replica {r}" for r in range(4)}
-        on_replay = rp.window(bars[2 * k].end, bars[2 * k + 1].start).filter(ranks=ranks)
         out[plan] = {"results": results, "ranks": ranks, "dp": entry["dp"],
                      "timeline": Timeline(window.filter(ranks=ranks).spans, labels, ranks),
-                     "replayed": ReplayedTimeline(
-                         on_replay.spans, {r: f"{labels[r]} · replayed" for r in ranks},
-                         ranks, notes=rp.notes)}
+                     "replayed": replays.lanes_named(
+                         rp.window(*on_replay[k]).filter(ranks=ranks),
+                         {r: labels[r] for r in ranks}, ranks)}
     return out
 
 

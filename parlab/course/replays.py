@@ -45,3 +45,26 @@ def source(tl, link: str = "this machine's idle link") -> str:
     if not getattr(tl, "replayed", False):
         return ""
     return f"replayed on {tl.notes.get('devices', len(tl.ranks))} dedicated devices, {link}"
+
+
+def lanes_named(tl, labels: dict, ranks=None):
+    """``tl`` with its lanes named ``labels`` ({rank: name}), drawn as what it is: a replay
+    stays a replay (its notes kept, each lane ending "· replayed"), a measurement stays as
+    recorded (so that it can still be replayed)."""
+    from ..timeline import Timeline
+    if getattr(tl, "replayed", False):
+        return sim.ReplayedTimeline(tl.spans, {r: f"{n} · replayed" for r, n in labels.items()},
+                                    ranks, notes=tl.notes)
+    return Timeline(tl.recorded, labels, ranks)
+
+
+def between_barriers(tl, name: str, parts: int) -> list[tuple[float, float]]:
+    """The windows of a launch that ran ``parts`` parts one after another, each between
+    two barriers called ``name`` (rank 0's barriers 2k and 2k + 1 hold part k): how a
+    replay, whose times are its own, is cut where the run's recorded windows cannot be."""
+    bars = sorted((s for s in tl.spans if s.rank == 0 and s.kind == "comm" and s.name == name),
+                  key=lambda s: s.start)
+    if len(bars) < 2 * parts:
+        raise ValueError(f"{len(bars)} barriers {name!r} on rank 0: {parts} parts need "
+                         f"{2 * parts}")
+    return [(bars[2 * k].end, bars[2 * k + 1].start) for k in range(parts)]
