@@ -7,8 +7,7 @@ the scheduler gives it a core. Without a measurement that time shows up as "tran
 schedstat`` is the time the thread spent runnable on a run queue, waiting to run, in
 nanoseconds (kernel documentation, "scheduler statistics": ``run_delay``). The recorder
 reads that counter, with the thread's CPU time, at the start and the end of every span it
-records, before its clock and checked after it (``read_clock``, ``read_counters``,
-``at_edge``); a timeline moves the difference out of the span into a ``core_wait`` span
+records, between two reads of its clock (``read_clock``, ``read_counters``, ``at_edge``); a timeline moves the difference out of the span into a ``core_wait`` span
 (``carve``), and the replay (``parlab.sim.replay``) prices the span's work without it. Where the files do not exist (macOS, Windows) nothing is
 read, and the kind never appears (``MEASURED`` is False).
 
@@ -107,14 +106,16 @@ def read_clock() -> tuple[float, float] | None:
     return time.thread_time(), _delay(_files.calling_thread())
 
 
-def read_counters() -> tuple[float, float, float] | None:
+def read_counters(relist: bool = True) -> tuple[float, float, float] | None:
     """``read_clock()`` and ``read_seconds(every_thread=True)`` in one pass over the
     threads' files (a communication span reads both at each edge); None where not
-    measured."""
+    measured. ``relist=False`` reads the threads listed last time: a span's end reads
+    the threads its start read, so that a thread started meanwhile does not add the
+    wait of its whole life to the span."""
     if not MEASURED:
         return None
     own, total, mine = str(threading.get_native_id()), 0.0, None
-    for tid, fd in _files.by_thread().items():
+    for tid, fd in (_files.by_thread() if relist else _files.tasks).items():
         waited = _delay(fd)
         total += waited
         if tid == own:
@@ -124,6 +125,11 @@ def read_counters() -> tuple[float, float, float] | None:
     return time.thread_time(), mine, total
 
 
+# A read of the counters takes 2-12 microseconds; a preemption takes the thread off its
+# core for a scheduler slice, hundreds of microseconds or more.
+EDGE_LIMIT_S = 50e-6
+
+
 def at_edge(clock, read=None):
     """(counters, time) at one edge of a span, agreeing with each other.
 
@@ -131,14 +137,17 @@ def at_edge(clock, read=None):
     (``read_clock``, ``read_counters``); ``clock`` the time. The kernel may preempt the
     thread at the return of the system call that read them, after the value was taken
     and before the clock: that wait would be in the wall time and in no counter. So the
-    thread's wait is read once more after the clock; where it moved, the edge is taken
-    again (at most three times). None for the counters where they are not measured.
+    read is bracketed by the clock; where the bracket is longer than a read takes
+    (``EDGE_LIMIT_S``), the thread was preempted in it and the edge is taken again (at
+    most three times). The time returned is the bracket's end. None for the counters
+    where they are not measured.
     """
     read = read or read_clock
     for _ in range(3):
+        t0 = clock()
         counters = read()
         t = clock()
-        if counters is None or _delay(_files.calling_thread()) == counters[1]:
+        if counters is None or t - t0 < EDGE_LIMIT_S:
             break
     return counters, t
 

@@ -48,22 +48,26 @@ class _SpanContext:
             self.clock, self.start = None, self.rec.timer.mark()
         return self
 
-    def _read(self):
+    def _read(self, relist: bool = True):
         """(ran, waited) of this thread, and the wait this span carves: this thread's for
-        compute, every thread's for communication (the library's threads move the bytes)."""
+        compute, every thread's for communication (the library's threads move the bytes;
+        the end reads the threads the start read)."""
         if self.kind == COMPUTE:
             clock = core_waits.read_clock()
             return None if clock is None else (*clock, clock[1])
-        return core_waits.read_counters()
+        return core_waits.read_counters(relist)
+
+    def _read_end(self):
+        return self._read(relist=False)
 
     def __exit__(self, *exc):
-        # Counters first, then the clock, at both edges, checked (core_waits.at_edge): a
+        # The counters inside two reads of the clock, at both edges (core_waits.at_edge): a
         # thread that computes makes no system call and is often preempted at the next
         # one, the counters' read; the wait it brings must fall on the same side of the
         # counters and of the clock, or the replay would take it for work.
         rec = self.rec
         if self.clock is not None:
-            after, end = core_waits.at_edge(rec.timer.mark, self._read)
+            after, end = core_waits.at_edge(rec.timer.mark, self._read_end)
         else:
             after, end = None, rec.timer.mark()
         waited, clock = 0.0, None

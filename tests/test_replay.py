@@ -291,11 +291,13 @@ def test_a_span_reads_the_counters_before_the_clock_at_both_edges(kind, monkeypa
     monkeypatch.setattr(core_waits, "_delay", lambda fd: 0.0)      # no wait after the clock
     monkeypatch.setattr(core_waits, "read_clock", lambda: events.append("counters") or (0.0, 0.0))
     monkeypatch.setattr(core_waits, "read_counters",
-                        lambda: events.append("counters") or (0.0, 0.0, 0.0))
-    rec = Recorder(0, HostTimer(lambda: events.append("clock") or float(len(events))))
+                        lambda relist=True: events.append("counters") or (0.0, 0.0, 0.0))
+    rec = Recorder(0, HostTimer(lambda: events.append("clock") or len(events) * 1e-6))
     with rec.span("x", kind):
         pass
-    assert events == ["counters", "clock", "counters", "clock"]
+    assert events == ["clock", "counters", "clock"] * 2
+    (s,) = rec.spans()
+    assert (s.start, s.end) == (3e-6, 6e-6)     # each edge's time read after its counters
 
 
 def test_buckets_handed_over_together_are_drawn_one_after_the_other():
@@ -310,17 +312,40 @@ def test_buckets_handed_over_together_are_drawn_one_after_the_other():
     assert spans_of(tl, 0, WAIT) == [("wait for buckets", 4.0, 10.0)]
 
 
-def test_an_edge_whose_wait_moved_after_the_clock_is_taken_again(monkeypatch):
+def test_an_edge_preempted_inside_its_clock_bracket_is_taken_again(monkeypatch):
     """Preempted at the return of the counters' read: the wait is after the value and
-    before the clock, so the edge is read again, and then agrees."""
+    before the clock, and the clock's bracket around the read spans it (5 ms, where a
+    read takes microseconds); so the edge is read again, and then agrees."""
     from parlab import core_waits
     if not core_waits.MEASURED:
         pytest.skip("no /proc/thread-self/schedstat here")
-    waited = iter([0.0, 0.005, 0.005, 0.005])       # reads: value, check, value, check
+    waited = iter([0.0, 0.005])                     # the wait counter at each read
     monkeypatch.setattr(core_waits, "_delay", lambda fd: next(waited))
-    times = iter([1.0, 2.0])
+    times = iter([1.0, 1.005, 2.0, 2.00001])        # the brackets: preempted, then not
     counters, t = core_waits.at_edge(lambda: next(times))
-    assert counters[1] == 0.005 and t == 2.0
+    assert counters[1] == 0.005 and t == 2.00001
+
+
+def test_a_communication_span_ends_on_the_threads_it_started_with(monkeypatch):
+    """A thread started inside a span (a new process group's) must not add the wait of
+    its whole life to that span: the end reads the threads the start read."""
+    import threading as th
+    from parlab import core_waits
+    if not core_waits.MEASURED:
+        pytest.skip("no /proc/thread-self/schedstat here")
+    core_waits.read_counters()                      # lists the threads there are now
+    listed = dict(core_waits._files.tasks)
+    done = th.Event()
+    thread = th.Thread(target=done.wait)
+    thread.start()
+    try:
+        assert core_waits.read_counters(relist=False) is not None
+        assert core_waits._files.tasks == listed     # not relisted
+        core_waits.read_counters()
+        assert str(thread.native_id) in core_waits._files.tasks
+    finally:
+        done.set()
+        thread.join()
 
 
 def test_an_any_source_receiver_serves_the_message_that_arrives_first():

@@ -212,7 +212,8 @@ def recv_any(tensor: torch.Tensor, *, group=None, tag: int = 0, name: str = "rec
         before, start = None, time.perf_counter()
     sender = dist.recv(wire, None, group=pg_of(group), tag=tag)
     if before is not None:
-        after, end = core_waits.at_edge(time.perf_counter, core_waits.read_counters)
+        after, end = core_waits.at_edge(time.perf_counter,        # the threads read before
+                                        lambda: core_waits.read_counters(relist=False))
     else:
         after, end = None, time.perf_counter()
     key = message_key("recv_any", sender, dist.get_rank(), group, tag)   # the replay re-serves it

@@ -167,17 +167,24 @@ def train_data_parallel(rank: int, world_size: int, mode: str = "by_hand", model
     # backward computation and the wait for the buckets still travelling.
     split_backward = mode in ("ddp", "ddp_fp16") and device.type == "cpu"
     counted = recorder().core_waits     # read the thread's counters at the split, too
-    last_grad = [0.0, (0.0, 0.0)]       # when the last gradient was ready; the counters then
+    last_grad = [0.0, None, 0]          # when the last gradient was ready; the counters then;
+                                        # how many gradients are ready in this backward
     if mode.startswith("ddp"):
         from torch.nn.parallel import DistributedDataParallel
         net = DistributedDataParallel(net, bucket_cap_mb=bucket_mb, process_group=g.pg,
                                       gradient_as_bucket_view=bucket_view)
         net.register_comm_hook(state, deferred_hook if mode == "ddp_no_overlap" else traced_hook)
         if split_backward:
-            def at_last_grad(_p):   # counters and clock agreeing (core_waits.at_edge)
-                clock, t = (core_waits.at_edge(time.perf_counter) if counted
-                            else ((0.0, 0.0), time.perf_counter()))
-                last_grad[:] = [t, clock]
+            n_grads = sum(1 for p in net.parameters() if p.requires_grad)
+
+            def at_last_grad(_p):
+                # the counters once a backward, at its last gradient (core_waits.at_edge),
+                # not at every tensor's: each read costs a few microseconds
+                last_grad[2] += 1
+                if counted and last_grad[2] == n_grads:
+                    last_grad[1], last_grad[0] = core_waits.at_edge(time.perf_counter)
+                else:
+                    last_grad[0] = time.perf_counter()
             for p in net.parameters():
                 p.register_post_accumulate_grad_hook(at_last_grad)
     opt = torch.optim.SGD(net.parameters(), lr=lr)
@@ -193,6 +200,7 @@ def train_data_parallel(rank: int, world_size: int, mode: str = "by_hand", model
         with span("forward"):
             loss = loss_fn(net(x), y)
         if split_backward:
+            last_grad[1:] = [None, 0]
             c0, b0 = (core_waits.at_edge(time.perf_counter) if counted
                       else (None, time.perf_counter()))
             loss.backward()            # buckets are all-reduced in the background meanwhile
