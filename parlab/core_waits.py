@@ -106,6 +106,15 @@ def read_clock() -> tuple[float, float] | None:
     return time.thread_time(), _delay(_files.calling_thread())
 
 
+def read_wait() -> tuple[None, float] | None:
+    """(None, seconds the calling thread has waited for a core): what a compute span
+    reads at its edges. The replay prices work as wall time less this wait, so a compute
+    span needs no CPU clock (a system call more at each edge); None where not measured."""
+    if not MEASURED:
+        return None
+    return None, _delay(_files.calling_thread())
+
+
 def read_counters(relist: bool = True) -> tuple[float, float, float] | None:
     """``read_clock()`` and ``read_seconds(every_thread=True)`` in one pass over the
     threads' files (a communication span reads both at each edge); None where not

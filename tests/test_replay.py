@@ -289,7 +289,7 @@ def test_a_span_reads_the_counters_before_the_clock_at_both_edges(kind, monkeypa
         pytest.skip("no /proc/thread-self/schedstat here")
     events = []
     monkeypatch.setattr(core_waits, "_delay", lambda fd: 0.0)      # no wait after the clock
-    monkeypatch.setattr(core_waits, "read_clock", lambda: events.append("counters") or (0.0, 0.0))
+    monkeypatch.setattr(core_waits, "read_wait", lambda: events.append("counters") or (None, 0.0))
     monkeypatch.setattr(core_waits, "read_counters",
                         lambda relist=True: events.append("counters") or (0.0, 0.0, 0.0))
     rec = Recorder(0, HostTimer(lambda: events.append("clock") or len(events) * 1e-6))
