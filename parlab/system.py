@@ -37,6 +37,24 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+BFLOAT16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def bfloat16_instructions(cpuinfo: str = "/proc/cpuinfo") -> list[str]:
+    """The CPU's bfloat16 multiply instructions, as ``cpuinfo`` lists them
+    (``avx512_bf16``, ``amx_bf16``): where there are none, autocast to bfloat16 converts
+    and multiplies in float32. Empty where none are listed or the file is missing."""
+    try:
+        with open(cpuinfo) as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return [f for f in BFLOAT16_FLAGS if f in flags]
+    except OSError:
+        pass
+    return []
+
+
 def system_report(torch: bool = True) -> SystemReport:
     """Operating system, CPU, memory, and (if asked) torch with its GPUs and backends.
 

@@ -67,3 +67,13 @@ def test_listening_addresses_sees_a_socket_of_this_process():
         s.listen()
         assert f"127.0.0.1:{s.getsockname()[1]}" in listening_addresses()
     assert listening_addresses([2**22 + 12345]) == []   # no such process: nothing, no error
+
+
+def test_bfloat16_instructions_are_read_from_the_cpus_flags(tmp_path):
+    from parlab.system import bfloat16_instructions
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx512f amx_bf16 avx512_bf16\n")
+    assert bfloat16_instructions(str(info)) == ["avx512_bf16", "amx_bf16"]
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2\n")
+    assert bfloat16_instructions(str(info)) == []
+    assert bfloat16_instructions(str(tmp_path / "missing")) == []

@@ -359,8 +359,8 @@ def _scaling_experiment() -> dict:
 
 @lessons.lesson("05.data_parallel_scales",
                 "data parallel on 2 devices takes a step at least 1.25x faster than one device "
-                "on the same global batch (the ideal is 2x; the all-reduce, and each core "
-                "computing slower while both are busy, take part of it)",
+                "on the same global batch (the ideal is 2x; the all-reduce, and compute "
+                "that does not halve, take part of it)",
                 _scaling_experiment)
 def data_parallel_scales(m: dict):
     d = m["devices"]

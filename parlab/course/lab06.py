@@ -169,8 +169,8 @@ def parameter_server_explorer(here, measured=None, net=None, *, per_worker: int 
         return len(pushes) / (max(s.end for s in pushes) - tl.start)
 
     def predict(workers, slow, mode, cluster):
-        tl = predicted(workers, slow, mode, cluster, 12)
-        other = predicted(workers, slow, "async" if mode == "sync" else "sync", cluster, 12)
+        tl = predicted(workers, slow, mode, cluster, 40)
+        other = predicted(workers, slow, "async" if mode == "sync" else "sync", cluster, 40)
         sync, async_ = (tl, other) if mode == "sync" else (other, tl)
         return tl, (f"PREDICTED: {rate(tl):,.0f} gradients per second {mode}hronously; "
                     f"asynchronous / synchronous throughput {rate(async_) / rate(sync):.2f}x"), \

@@ -210,17 +210,16 @@ def plot_zero_steps(run, variants=("ddp", "zero1", "zero2", "zero3"), *, rank: i
     from ..trace import Span, Timeline
     tl = run.timeline if measured else replays.replayed(run)
     windows = zero.variant_windows(tl, variants)
-    spans, labels = [], {}
+    spans = []
     for lane, v in enumerate(variants):
         step = quickest_step(tl.window(*windows[v]).filter(ranks=[rank]), skip=1)
-        labels[lane] = zero.LABELS[v] + ("" if measured else " · replayed")
         spans += [Span(lane, s.kind, s.name.replace("grad ", "").replace("param ", ""),
                        s.start - step.start, s.end - step.start, s.bytes,
                        axis=zero_plan.op_of(s.name) if s.kind == "comm" else None)
                   for s in step.spans]
     how = "measured on this machine" if measured else "replayed on dedicated devices"
-    shown = Timeline(spans, labels) if measured else ReplayedTimeline(spans, labels,
-                                                                        notes=tl.notes)
+    built = Timeline(spans) if measured else ReplayedTimeline(spans, notes=tl.notes)
+    shown = replays.lanes_named(built, {lane: zero.LABELS[v] for lane, v in enumerate(variants)})
     return plot.timeline(shown, color_by="axis", names=False,
                          title=title or f"rank {rank}, the quickest step of each ({how})")
 
