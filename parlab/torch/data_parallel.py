@@ -259,18 +259,32 @@ def train_single(model: str = "mlp", global_batch: int = 128, steps: int = 5, lr
 
 
 # ------------------------------------------------------------------ ring vs library
-def ring_bandwidth(rank: int, world_size: int, sizes=(2**16, 2**20, 2**22), repeats: int = 5,
+def ring_bandwidth(rank: int, world_size: int, sizes=(2**16, 2**20, 2**22), repeats: int = 15,
                    *, group=None) -> list:
-    """Rank function: median time of our ring and of the library's all-reduce, per size."""
+    """Rank function: the time of our ring and of the library's all-reduce, per size.
+
+    Each repetition runs both, one after the other, each after a barrier, so that a drift
+    of the machine's speed meets both alike; each keeps the lower quartile of its times
+    (a repetition delayed by the scheduler is slower, never faster: as ``sim.replay``'s
+    idle link reads its ping-pong sweep)."""
     g, device = as_group(group), runtime.rank_device()
     out = []
     for nbytes in sizes:
         t = torch.zeros(nbytes // 4, device=device)
-        for name, fn in (("our ring", ring_all_reduce), ("library", comm.all_reduce)):
-            seconds = runtime.timed_median(lambda: fn(t, group=g), repeats,
-                                           before=lambda: comm.barrier(group=g))
+        impls = (("our ring", ring_all_reduce), ("library", comm.all_reduce))
+        times: dict[str, list[float]] = {name: [] for name, _ in impls}
+        for i in range(repeats + 1):                     # the first is a warm-up
+            for name, fn in impls:
+                comm.barrier(group=g)
+                runtime.synchronize()
+                t0 = time.perf_counter()
+                fn(t, group=g)
+                runtime.synchronize()
+                if i:
+                    times[name].append(time.perf_counter() - t0)
+        for name, xs in times.items():
             out.append({"op": "all_reduce", "impl": name, "world_size": g.size,
-                        "bytes": nbytes, "seconds": seconds})
+                        "bytes": nbytes, "seconds": sorted(xs)[len(xs) // 4]})
     return out if g.first else []
 
 

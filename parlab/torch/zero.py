@@ -455,7 +455,7 @@ def expected_held(variant: str, params: int, world_size: int) -> dict:
     """What ``parlab.zero`` says a rank of ``variant`` keeps (float32 Adam), by part.
 
     With offload the device keeps only the parameters; the host keeps the shard's
-    gradient, its float32 master copy and Adam's moments: (4 + 4 + 8)Ψ/N.
+    gradient, a float32 copy of its parameters and Adam's moments: (4 + 4 + 8)Ψ/N.
     """
     want = zero_plan.per_device_bytes(params, world_size, STAGE_OF[variant])
     want.pop("total")
