@@ -103,16 +103,28 @@ def read_clock() -> tuple[float, float] | None:
     """
     if not MEASURED:
         return None
+    _files.own.files = 1
     return time.thread_time(), _delay(_files.calling_thread())
 
 
-def read_wait() -> tuple[None, float] | None:
-    """(None, seconds the calling thread has waited for a core): what a compute span
-    reads at its edges. The replay prices work as wall time less this wait, so a compute
-    span needs no CPU clock (a system call more at each edge); None where not measured."""
+def read_wait() -> tuple[None, float, float] | None:
+    """(None, seconds the calling thread has waited for a core, the same): what a compute
+    span reads at its edges, the wait twice as ``read_counters`` gives it (for the replay,
+    and the span's own wait to carve). The replay prices work as wall time less this
+    wait, so a compute span needs no CPU clock (a system call more at each edge); None
+    where not measured."""
     if not MEASURED:
         return None
-    return None, _delay(_files.calling_thread())
+    _files.own.files = 1
+    waited = _delay(_files.calling_thread())
+    return None, waited, waited
+
+
+def read_own() -> tuple[float, float, float] | None:
+    """``read_clock()`` with the wait given twice, as ``read_counters`` gives it: the
+    calling thread's (ran, waited, waited); None where not measured."""
+    clock = read_clock()
+    return None if clock is None else (*clock, clock[1])
 
 
 def read_counters(relist: bool = True) -> tuple[float, float, float] | None:
@@ -124,7 +136,9 @@ def read_counters(relist: bool = True) -> tuple[float, float, float] | None:
     if not MEASURED:
         return None
     own, total, mine = str(threading.get_native_id()), 0.0, None
-    for tid, fd in (_files.by_thread() if relist else _files.tasks).items():
+    files = _files.by_thread() if relist else _files.tasks
+    _files.own.files = len(files)
+    for tid, fd in files.items():
         waited = _delay(fd)
         total += waited
         if tid == own:
@@ -134,31 +148,45 @@ def read_counters(relist: bool = True) -> tuple[float, float, float] | None:
     return time.thread_time(), mine, total
 
 
-# A read of the counters takes 2-12 microseconds; a preemption takes the thread off its
-# core for a scheduler slice, hundreds of microseconds or more.
+# A preemption takes the thread off its core for a scheduler slice, hundreds of
+# microseconds or more; a read takes a few microseconds a counter file.
 EDGE_LIMIT_S = 50e-6
+FILE_READ_S = 10e-6
 
 
 def at_edge(clock, read=None):
     """(counters, time) at one edge of a span, agreeing with each other.
 
-    ``read`` gives counters whose second number is this thread's wait for a core
-    (``read_clock``, ``read_counters``); ``clock`` the time. The kernel may preempt the
-    thread at the return of the system call that read them, after the value was taken
-    and before the clock: that wait would be in the wall time and in no counter. So the
-    read is bracketed by the clock; where the bracket is longer than a read takes
-    (``EDGE_LIMIT_S``), the thread was preempted in it and the edge is taken again (at
-    most three times). The time returned is the bracket's end. None for the counters
-    where they are not measured.
+    ``read`` gives counters (ran, waited, wait to carve): ``read_own``, ``read_wait``,
+    ``read_counters``; ``clock`` the time. The kernel may preempt the thread at the
+    return of the system call that read them, after the value was taken and before the
+    clock: that wait would be in the wall time and in no counter. So the read is
+    bracketed by the clock; where the bracket is longer than a read of that many counter
+    files takes (``EDGE_LIMIT_S`` + ``FILE_READ_S`` a file), the thread was preempted in
+    it and the edge is taken again (at most three times). The time returned is the
+    bracket's end.
+
+    The reads are tracing's own work, not the rank's: a process with many threads (a
+    mesh's process groups each start gloo threads) reads a file for each at every
+    communication span's edge. So the time this thread has spent in them is moved, in
+    the counters returned, from ``ran`` to ``waited``, where the replay does not price it
+    as work; the third number, what a span carves as waiting for a core, is left as read.
+    None for the counters where they are not measured.
     """
-    read = read or read_clock
+    read = read or read_own
     for _ in range(3):
         t0 = clock()
         counters = read()
         t = clock()
-        if counters is None or t - t0 < EDGE_LIMIT_S:
+        files = getattr(_files.own, "files", 1)
+        if counters is None or t - t0 < EDGE_LIMIT_S + FILE_READ_S * files:
             break
-    return counters, t
+    if counters is None:
+        return None, t
+    own = _files.own
+    own.spent = spent = getattr(own, "spent", 0.0) + (t - t0)
+    ran = counters[0]
+    return (None if ran is None else ran - spent, counters[1] + spent, *counters[2:]), t
 
 
 def read_seconds(every_thread: bool = False) -> float:

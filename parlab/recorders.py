@@ -53,8 +53,7 @@ class _SpanContext:
         compute, every thread's for communication (the library's threads move the bytes;
         the end reads the threads the start read)."""
         if self.kind == COMPUTE:
-            clock = core_waits.read_wait()
-            return None if clock is None else (*clock, clock[1])
+            return core_waits.read_wait()
         return core_waits.read_counters(relist)
 
     def _read_end(self):

@@ -289,7 +289,8 @@ def test_a_span_reads_the_counters_before_the_clock_at_both_edges(kind, monkeypa
         pytest.skip("no /proc/thread-self/schedstat here")
     events = []
     monkeypatch.setattr(core_waits, "_delay", lambda fd: 0.0)      # no wait after the clock
-    monkeypatch.setattr(core_waits, "read_wait", lambda: events.append("counters") or (None, 0.0))
+    monkeypatch.setattr(core_waits, "read_wait",
+                        lambda: events.append("counters") or (None, 0.0, 0.0))
     monkeypatch.setattr(core_waits, "read_counters",
                         lambda relist=True: events.append("counters") or (0.0, 0.0, 0.0))
     rec = Recorder(0, HostTimer(lambda: events.append("clock") or len(events) * 1e-6))
@@ -323,29 +324,46 @@ def test_an_edge_preempted_inside_its_clock_bracket_is_taken_again(monkeypatch):
     monkeypatch.setattr(core_waits, "_delay", lambda fd: next(waited))
     times = iter([1.0, 1.005, 2.0, 2.00001])        # the brackets: preempted, then not
     counters, t = core_waits.at_edge(lambda: next(times))
-    assert counters[1] == 0.005 and t == 2.00001
+    assert counters[2] == 0.005 and t == 2.00001
+
+
+def test_the_time_spent_reading_counters_is_not_the_ranks_work(monkeypatch):
+    """Each edge's read (its clock bracket) moves from the thread's CPU time to its wait,
+    where the replay does not price it; the wait a span carves stays as read."""
+    import threading as th
+    from parlab import core_waits
+    if not core_waits.MEASURED:
+        pytest.skip("no /proc/thread-self/schedstat here")
+    out = []
+
+    def edges():                                    # a fresh thread: nothing spent yet
+        monkeypatch.setattr(core_waits, "read_own", lambda: (1.0, 0.5, 0.5))
+        times = iter([10.0, 10.00002, 11.0, 11.00003])
+        out.append(core_waits.at_edge(lambda: next(times)))
+        out.append(core_waits.at_edge(lambda: next(times)))
+    thread = th.Thread(target=edges)
+    thread.start()
+    thread.join()
+    (first, t1), (second, t2) = out
+    assert first == pytest.approx((1.0 - 2e-5, 0.5 + 2e-5, 0.5))
+    assert second == pytest.approx((1.0 - 5e-5, 0.5 + 5e-5, 0.5))
+    assert (t1, t2) == (10.00002, 11.00003)
 
 
 def test_a_communication_span_ends_on_the_threads_it_started_with(monkeypatch):
     """A thread started inside a span (a new process group's) must not add the wait of
     its whole life to that span: the end reads the threads the start read."""
-    import threading as th
     from parlab import core_waits
+    from parlab.recorders import HostTimer, Recorder
     if not core_waits.MEASURED:
         pytest.skip("no /proc/thread-self/schedstat here")
-    core_waits.read_counters()                      # lists the threads there are now
-    listed = dict(core_waits._files.tasks)
-    done = th.Event()
-    thread = th.Thread(target=done.wait)
-    thread.start()
-    try:
-        assert core_waits.read_counters(relist=False) is not None
-        assert core_waits._files.tasks == listed     # not relisted
-        core_waits.read_counters()
-        assert str(thread.native_id) in core_waits._files.tasks
-    finally:
-        done.set()
-        thread.join()
+    rec = Recorder(0, HostTimer())
+    with rec.span("x", COMM):
+        listed = dict(core_waits._files.tasks)
+        monkeypatch.setattr(core_waits._files, "by_thread",
+                            lambda: pytest.fail("the span's end listed the threads again"))
+    assert core_waits._files.tasks == listed
+    assert core_waits.read_counters(relist=False) is not None
 
 
 def test_an_any_source_receiver_serves_the_message_that_arrives_first():

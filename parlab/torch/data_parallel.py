@@ -182,7 +182,8 @@ def train_data_parallel(rank: int, world_size: int, mode: str = "by_hand", model
                 # not at every tensor's: each read costs a few microseconds
                 last_grad[2] += 1
                 if counted and last_grad[2] == n_grads:
-                    last_grad[1], last_grad[0] = core_waits.at_edge(time.perf_counter)
+                    last_grad[1], last_grad[0] = core_waits.at_edge(time.perf_counter,
+                                                                    core_waits.read_own)
                 else:
                     last_grad[0] = time.perf_counter()
             for p in net.parameters():
@@ -201,21 +202,21 @@ def train_data_parallel(rank: int, world_size: int, mode: str = "by_hand", model
             loss = loss_fn(net(x), y)
         if split_backward:
             last_grad[1:] = [None, 0]
-            c0, b0 = (core_waits.at_edge(time.perf_counter) if counted
+            c0, b0 = (core_waits.at_edge(time.perf_counter, core_waits.read_own) if counted
                       else (None, time.perf_counter()))
             loss.backward()            # buckets are all-reduced in the background meanwhile
-            c1, b1 = (core_waits.at_edge(time.perf_counter) if counted
+            c1, b1 = (core_waits.at_edge(time.perf_counter, core_waits.read_own) if counted
                       else (None, time.perf_counter()))
             # the autograd hooks run on this thread: its counters at the last one split
             # the waits for a core between the backward pass and the wait for buckets
             cm = last_grad[1]
             ok = c0 is not None and c1 is not None and cm is not None
             recorder().add("backward", COMPUTE, b0, last_grad[0],
-                           core_wait_s=cm[1] - c0[1] if ok else 0.0,
-                           clock=(*c0, *cm) if ok else None)
+                           core_wait_s=cm[2] - c0[2] if ok else 0.0,
+                           clock=(*c0[:2], *cm[:2]) if ok else None)
             recorder().add("wait for buckets", WAIT, last_grad[0], b1,
-                           core_wait_s=c1[1] - cm[1] if ok else 0.0,
-                           clock=(*cm, *c1) if ok else None)
+                           core_wait_s=c1[2] - cm[2] if ok else 0.0,
+                           clock=(*cm[:2], *c1[:2]) if ok else None)
         else:
             with span("backward"):
                 loss.backward()        # DDP on a GPU: bucket waiting included
