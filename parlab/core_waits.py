@@ -7,9 +7,11 @@ the scheduler gives it a core. Without a measurement that time shows up as "tran
 schedstat`` is the time the thread spent runnable on a run queue, waiting to run, in
 nanoseconds (kernel documentation, "scheduler statistics": ``run_delay``). The recorder
 reads that counter, with the thread's CPU time, at the start and the end of every span it
-records, between two reads of its clock (``read_clock``, ``read_counters``, ``at_edge``); a timeline moves the difference out of the span into a ``core_wait`` span
-(``carve``), and the replay (``parlab.sim.replay``) prices the span's work without it. Where the files do not exist (macOS, Windows) nothing is
-read, and the kind never appears (``MEASURED`` is False).
+records, between two reads of its clock (``read_own``, ``read_wait``, ``read_counters``,
+``at_edge``); a timeline moves the difference out of the span into a ``core_wait`` span
+(``carve``), and the replay (``parlab.sim.replay``) prices the span's work without it.
+Where the files do not exist (macOS, Windows) nothing is read, and the kind never appears
+(``MEASURED`` is False).
 
 Whose threads: a compute span reads the calling thread (the ranks compute on one
 thread). A communication span reads every thread of the process, added up: the calling
