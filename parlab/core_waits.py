@@ -94,9 +94,9 @@ def _delay(fd: int) -> float:
         return 0.0
 
 
-def read_clock() -> tuple[float, float] | None:
-    """(seconds the calling thread has run on a core, seconds it has waited for one) so
-    far; None where the wait is not measured.
+def read_own() -> tuple[float, float, float] | None:
+    """(seconds the calling thread has run on a core, seconds it has waited for one, the
+    wait again, as ``read_counters`` gives it) so far; None where not measured.
 
     The first is ``time.thread_time()``: schedstat's own first field is brought up to date
     only when the kernel next accounts the running thread (a tick, a switch), so a read
@@ -106,15 +106,15 @@ def read_clock() -> tuple[float, float] | None:
     if not MEASURED:
         return None
     _files.own.files = 1
-    return time.thread_time(), _delay(_files.calling_thread())
+    ran, waited = time.thread_time(), _delay(_files.calling_thread())
+    return ran, waited, waited
 
 
 def read_wait() -> tuple[None, float, float] | None:
     """(None, seconds the calling thread has waited for a core, the same): what a compute
-    span reads at its edges, the wait twice as ``read_counters`` gives it (for the replay,
-    and the span's own wait to carve). The replay prices work as wall time less this
-    wait, so a compute span needs no CPU clock (a system call more at each edge); None
-    where not measured."""
+    span reads at its edges, shaped as ``read_own`` (for the replay, and the span's own
+    wait to carve). The replay prices work as wall time less this wait, so a compute span
+    needs no CPU clock (a system call more at each edge); None where not measured."""
     if not MEASURED:
         return None
     _files.own.files = 1
@@ -122,15 +122,8 @@ def read_wait() -> tuple[None, float, float] | None:
     return None, waited, waited
 
 
-def read_own() -> tuple[float, float, float] | None:
-    """``read_clock()`` with the wait given twice, as ``read_counters`` gives it: the
-    calling thread's (ran, waited, waited); None where not measured."""
-    clock = read_clock()
-    return None if clock is None else (*clock, clock[1])
-
-
 def read_counters(relist: bool = True) -> tuple[float, float, float] | None:
-    """``read_clock()`` and ``read_seconds(every_thread=True)`` in one pass over the
+    """``read_own()`` and ``read_seconds(every_thread=True)`` in one pass over the
     threads' files (a communication span reads both at each edge); None where not
     measured. ``relist=False`` reads the threads listed last time: a span's end reads
     the threads its start read, so that a thread started meanwhile does not add the

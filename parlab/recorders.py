@@ -128,8 +128,9 @@ class Recorder:
         thread did while the rank's main thread went on (DDP's gradient all-reduce).
         core_wait_s: of the interval, the seconds the rank waited for a core, when the
         caller read ``core_waits.read_seconds`` at its ends (only if ``self.core_waits``).
-        clock: the issuing thread's ``core_waits.read_clock()`` at the start and at the end,
-        concatenated (four numbers), where the caller read them: the replay's work.
+        clock: the first two of the issuing thread's counters from ``core_waits.at_edge``
+        at the start and at the end, concatenated (four numbers), where the caller read
+        them: the replay's work.
         """
         self._raw.append((kind, name, ("host", start), ("host", end), int(bytes), peer, lane,
                           axis, key, core_wait_s, clock))

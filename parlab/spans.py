@@ -40,7 +40,7 @@ class Span:
     key: tuple | None = None    # (role, match) of a traced operation, until split (see split_waits)
     core_wait_s: float = 0.0    # of which waiting for a core, until carved out (see core_waits)
     # the recording thread's counters at the span's edges, (ran_s, waited_s) at its start
-    # then at its end (core_waits.read_clock); what the replay reads as the span's work.
+    # then at its end (core_waits.read_own); what the replay reads as the span's work.
     # A compute span reads no CPU clock (ran_s None): its work is its wall time less waited_s
     clock: tuple | None = None
     issuer: int | None = None   # the rank whose program issued a span drawn on another lane

@@ -276,13 +276,10 @@ def ring_bandwidth(rank: int, world_size: int, sizes=(2**16, 2**20, 2**22), repe
         times: dict[str, list[float]] = {name: [] for name, _ in impls}
         for i in range(repeats + 1):                     # the first is a warm-up
             for name, fn in impls:
-                comm.barrier(group=g)
-                runtime.synchronize()
-                t0 = time.perf_counter()
-                fn(t, group=g)
-                runtime.synchronize()
+                seconds = runtime.timed_once(lambda: fn(t, group=g),
+                                             before=lambda: comm.barrier(group=g))
                 if i:
-                    times[name].append(time.perf_counter() - t0)
+                    times[name].append(seconds)
         for name, xs in times.items():
             out.append({"op": "all_reduce", "impl": name, "world_size": g.size,
                         "bytes": nbytes, "seconds": min(xs)})

@@ -321,22 +321,23 @@ def synchronize(device=None) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed_median(fn, repeats: int, *, warmup: int = 1, before=None, device=None) -> float:
-    """Median seconds of ``fn()`` over ``repeats`` calls, after ``warmup`` untimed ones.
+def timed_once(fn, *, before=None, device=None) -> float:
+    """Seconds of one call of ``fn()``, timed between two ``synchronize(device)``: on a
+    GPU the queued kernels count, not their launch. ``before()`` runs untimed ahead of
+    the call (a barrier, so that every rank starts the call together)."""
+    if before is not None:
+        before()
+    synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - t0
 
-    Each call is timed between two ``synchronize(device)``: on a GPU the queued kernels
-    count, not their launch. ``before()`` runs untimed ahead of every call (a barrier, so
-    that every rank starts the call together). The median, not the mean: on a shared
-    machine a few calls are delayed by other processes and the mean follows them.
+
+def timed_median(fn, repeats: int, *, warmup: int = 1, before=None, device=None) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` calls (``timed_once``), after ``warmup``
+    untimed ones. The median, not the mean: on a shared machine a few calls are delayed
+    by other processes and the mean follows them.
     """
-    samples = []
-    for i in range(warmup + repeats):
-        if before is not None:
-            before()
-        synchronize(device)
-        t0 = time.perf_counter()
-        fn()
-        synchronize(device)
-        if i >= warmup:
-            samples.append(time.perf_counter() - t0)
-    return float(statistics.median(samples))
+    samples = [timed_once(fn, before=before, device=device) for _ in range(warmup + repeats)]
+    return float(statistics.median(samples[warmup:]))
