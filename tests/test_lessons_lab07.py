@@ -42,10 +42,11 @@ def test_bytes_not_shown_when_an_axis_is_off():
     assert "dp 2 × pp 2 pp: measured 65,536, formula 66,816" in v.why
 
 
-def test_data_parallel_shown_when_dp_4_is_quickest_by_the_margin():
+def test_data_parallel_shown_when_dp_4_is_quickest_and_full_splits_are_slower():
     v = lessons.evaluate("07.data_parallel_quickest_here", SAME_ORDER)
     assert v.shown and "dp 4 8.8 ms a step (mean of its 2 runs)" in v.figures
     assert "the quickest split shape, dp 2 × tp 2, 12.0 ms: 1.36x" in v.figures
+    assert "the quicker fully split one, dp 1 × tp 4: 1.92x" in v.figures
     assert "rho 1.00" in v.figures
     assert str(v).startswith("lesson 07.data_parallel_quickest_here: shown (replayed on 4 ")
 
@@ -54,18 +55,31 @@ def test_the_bytes_lesson_reads_the_measurement_not_the_replay():
     assert "replayed" not in str(lessons.evaluate("07.axis_bytes_match_formula", SAME_ORDER))
 
 
-def test_data_parallel_not_shown_when_a_split_shape_comes_close():
-    planted = numbers([17, 9, 9.3, 20, 8.7, 15], [5, 12, 11, 4, 13, 8])
+def test_data_parallel_shown_when_a_split_shape_is_within_what_two_runs_differ():
+    planted = numbers([17, 9, 8.6, 20, 8.7, 15], [11, 4.8, 5.5, 13, 4.7, 8])
     v = lessons.evaluate("07.data_parallel_quickest_here", planted)
-    assert not v.shown and "dp 2 × tp 2, 9.3 ms: 1.05x" in v.figures
+    assert v.shown and "dp 2 × tp 2, 8.6 ms: 0.97x" in v.figures
+
+
+def test_data_parallel_not_shown_when_a_split_shape_is_clearly_quicker():
+    planted = numbers([17, 9, 8.0, 20, 8.7, 15], [5, 12, 11, 4, 13, 8])
+    v = lessons.evaluate("07.data_parallel_quickest_here", planted)
+    assert not v.shown and "dp 2 × tp 2, 8.0 ms: 0.90x" in v.figures
     assert "the cost model gives dp 2 × tp 2 0.88x dp 4's step (PREDICTED)" in v.why
     assert "the two runs of dp 4 differed 1.03x" in v.why
 
 
-def test_data_parallel_prints_a_margin_just_below_its_threshold_as_below():
-    planted = numbers([17, 10, 10.998, 20, 10, 15], [11, 4.8, 5.5, 13, 4.7, 8])
+def test_data_parallel_not_shown_when_a_full_split_comes_close():
+    planted = numbers([10.5, 9, 12, 20, 8.7, 15], [11, 4.8, 5.5, 13, 4.7, 8])
     v = lessons.evaluate("07.data_parallel_quickest_here", planted)
-    assert not v.shown and ": 1.0998x" in v.figures
+    assert not v.shown and "the quicker fully split one, dp 1 × tp 4: 1.19x" in v.figures
+    assert v.why.count("the cost model gives dp 1 × tp 4 2.32x dp 4's step (PREDICTED)") == 1
+
+
+def test_data_parallel_prints_a_margin_just_below_its_threshold_as_below():
+    planted = numbers([17, 10, 9.4998, 20, 10, 15], [11, 4.8, 5.5, 13, 4.7, 8])
+    v = lessons.evaluate("07.data_parallel_quickest_here", planted)
+    assert not v.shown and ": 0.94998x" in v.figures
 
 
 def test_spearman_gives_ties_their_mean_rank():

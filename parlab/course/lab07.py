@@ -398,44 +398,53 @@ def axis_bytes_match_formula(m: dict):
     return not off, figures, f"traced bytes per step off the formula: {why}"
 
 
-# dp 4's step against the quickest shape that splits the model. Measured on the quiet
-# 2-core machine, 10 runs, each shape in one block: 1.12-1.63x, dp 4 quickest in every
-# run, its own two measurements (one plan run twice) up to 1.50x apart: a margin near
-# 1.3x was a coin toss. With the shapes in turn (survey_hybrid's rounds), 10 runs each:
-# 1.31-1.64x quiet, 1.10-1.47x beside two busy loops.
-DP_MARGIN = 1.1
+# dp 4 against the shapes that split the model, replayed. The cost model puts the
+# quickest of them, dp 2 × tp 2, at 1.07-1.09x dp 4's step, and dp 4's two runs (one
+# plan) differ by up to 1.09x: "quicker by 1.1x" was a coin toss beside busy loops (7 of
+# 10 runs, 1.01-1.16x). So: dp 4 the quickest within what one plan's two runs differ,
+# and the shapes that split the model over all four ranks clearly slower (the model:
+# 1.7-1.9x).
+DP_TOLERANCE = 0.95
+FULL_SPLIT_MARGIN = 1.3
 
 
 @lessons.lesson("07.data_parallel_quickest_here",
                 "for this small MLP, whose replica fits on every device, plain data parallel "
-                f"(dp 4) takes the quickest step of the six shapes, at least {DP_MARGIN}x "
-                "quicker than every shape that splits the model (tp or pp): it exchanges "
-                "once per step, they exchange at every pair of layers or every micro-batch",
+                "(dp 4) takes the quickest step of the six shapes (or within 5 % of it: two "
+                "runs of one plan differ that much), and splitting the model over all four "
+                f"ranks (tp 4 or pp 4) takes at least {FULL_SPLIT_MARGIN}x as long: dp "
+                "exchanges once per step, they at every pair of layers or every micro-batch",
                 _survey_experiment)
 def data_parallel_quickest_here(m: dict):
-    shapes = m["shapes"]
-    dp = [x for x in shapes if x["label"].startswith(f"dp {m['ranks']} ")]
+    shapes, ranks = m["shapes"], m["ranks"]
+    dp = [x for x in shapes if x["label"].startswith(f"dp {ranks} ")]
     split = [x for x in shapes if x not in dp]
-    if not dp or not split:
-        return False, f"{len(dp)} pure data-parallel and {len(split)} split shapes", \
+    full = [x for x in split if x["label"].startswith("dp 1 ")]
+    if not dp or not full:
+        return False, f"{len(dp)} pure data-parallel and {len(full)} fully split shapes", \
             "the survey needs both"
     # dp 4 × tp 1 and dp 4 × pp 1 are the same plan, run twice: their mean
     dp_s = sum(x["replayed_s"] for x in dp) / len(dp)
     best = min(split, key=lambda x: x["replayed_s"])
-    margin = best["replayed_s"] / dp_s
+    nearest_full = min(full, key=lambda x: x["replayed_s"])
+    margin, full_margin = best["replayed_s"] / dp_s, nearest_full["replayed_s"] / dp_s
     rho = spearman([x["predicted_s"] for x in shapes], [x["replayed_s"] for x in shapes])
-    figures = (f"dp {m['ranks']} {dp_s * 1e3:.1f} ms a step (mean of its {len(dp)} runs); "
+    figures = (f"dp {ranks} {dp_s * 1e3:.1f} ms a step (mean of its {len(dp)} runs); "
                f"the quickest split shape, {best['label']}, {best['replayed_s'] * 1e3:.1f} ms: "
-               f"{lessons.beside(margin, DP_MARGIN)}x (the cost model's rank correlation "
-               f"with the replayed order, PREDICTED: rho {rho:.2f})")
+               f"{lessons.beside(margin, DP_TOLERANCE)}x; the quicker fully split one, "
+               f"{nearest_full['label']}: {lessons.beside(full_margin, FULL_SPLIT_MARGIN)}x "
+               f"(the cost model's rank correlation with the replayed order, PREDICTED: "
+               f"rho {rho:.2f})")
     dp_pred = sum(x["predicted_s"] for x in dp) / len(dp)
-    why = [f"the cost model gives {best['label']} {best['predicted_s'] / dp_pred:.2f}x "
-           f"dp {m['ranks']}'s step (PREDICTED)"]
+    why = [f"the cost model gives {x['label']} {x['predicted_s'] / dp_pred:.2f}x "
+           f"dp {ranks}'s step (PREDICTED)"
+           for x in ([best] if best is nearest_full else [best, nearest_full])]
     if len(dp) > 1:
         t = [x["replayed_s"] for x in dp]
-        why.append(f"the two runs of dp {m['ranks']} differed {max(t) / min(t):.2f}x, "
+        why.append(f"the two runs of dp {ranks} differed {max(t) / min(t):.2f}x, "
                    "the same plan run twice")
-    return margin >= DP_MARGIN, figures, "; ".join(why), m.get("replay_source", "")
+    shown = margin >= DP_TOLERANCE and full_margin >= FULL_SPLIT_MARGIN
+    return shown, figures, "; ".join(why), m.get("replay_source", "")
 
 
 # ------------------------------------------------------------------ the model on published runs
