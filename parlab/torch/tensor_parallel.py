@@ -104,19 +104,24 @@ class ColumnParallelLinear(nn.Module):
     """This rank's out/n output units of ``full``; optionally gather the full output.
 
     group: the ranks sharing the layer (default: all); this rank keeps slice ``index``.
+    copy_input: apply f to the input here; False where several column layers read one
+    input that already went through f once (a transformer's queries, keys and values:
+    one all-reduce of the input's gradient rather than three).
     """
 
-    def __init__(self, full: nn.Linear, group=None, *, gather_output: bool = False):
+    def __init__(self, full: nn.Linear, group=None, *, gather_output: bool = False,
+                 copy_input: bool = True):
         super().__init__()
         self.group = as_group(group)
         part = _split_size(full.out_features, self.group.size, "the layer's output")
         rows = slice(self.group.index * part, (self.group.index + 1) * part)
         self.weight = nn.Parameter(full.weight.detach()[rows].clone())
         self.bias = nn.Parameter(full.bias.detach()[rows].clone()) if full.bias is not None else None
-        self.gather_output = gather_output
+        self.gather_output, self.copy_input = gather_output, copy_input
 
     def forward(self, x):
-        y = F.linear(copy_to_parallel(x, self.group), self.weight, self.bias)
+        y = F.linear(copy_to_parallel(x, self.group) if self.copy_input else x,
+                     self.weight, self.bias)
         return gather_from_parallel(y, self.group) if self.gather_output else y
 
 

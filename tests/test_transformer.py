@@ -1,0 +1,79 @@
+"""The transformer: split by heads, MLP slices and vocabulary (Megatron tensor parallel),
+it trains exactly like the whole model on one device."""
+import numpy as np
+import pytest
+from batched import launch_each
+from conftest import rank_processes
+
+from parlab.torch import tensor_parallel as tp
+from parlab.torch import transformer, transformer_tp
+
+TOL = 1e-5        # float32: partial sums added in another order
+CFG = transformer.GPTConfig(vocab=256, seq_len=32, d_model=64, heads=4, layers=2)
+BATCH, STEPS = 4, 3
+
+
+@pytest.fixture(scope="module")
+def runs():
+    out = {n: launch_each({"tp": (transformer_tp.train_tp, (CFG, BATCH, STEPS))}, n)["tp"]
+           for n in (2, 4)}
+    assert not rank_processes(), "ranks left running"
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return transformer.train_reference(CFG, BATCH, STEPS)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_tensor_parallel_transformer_trains_like_one_device(world_size, runs, reference):
+    for r, res in enumerate(runs[world_size].results):
+        np.testing.assert_allclose(res["losses"], reference["losses"], atol=TOL)
+        part = CFG.vocab // world_size
+        np.testing.assert_allclose(res["first_logits"],
+                                   reference["first_logits"][..., r * part:(r + 1) * part],
+                                   atol=TOL)
+        assert set(res["first_grads"]) == set(reference["first_grads"])
+        for name, dense in reference["first_grads"].items():
+            np.testing.assert_allclose(res["first_grads"][name],
+                                       transformer_tp.dense_part(name, dense, r, world_size),
+                                       atol=TOL, err_msg=f"rank {r}: gradient of {name}")
+        for name, dense in reference["weights"].items():
+            np.testing.assert_allclose(res["weights"][name],
+                                       transformer_tp.dense_part(name, dense, r, world_size),
+                                       atol=TOL, err_msg=f"rank {r}: {name} after {STEPS} steps")
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_each_rank_moves_the_bytes_of_the_formula(world_size, runs):
+    timeline = runs[world_size].timeline
+    want = transformer_tp.expected_comm_bytes(CFG, BATCH)["total"] * STEPS
+    for r in range(world_size):
+        assert timeline.comm_bytes(r) == want, f"rank {r}"
+
+
+def test_the_split_holds_no_more_than_its_share(runs):
+    dense = sum(p.numel() for p in transformer.build(CFG).parameters())
+    held = sum(w.size for w in runs[4].results[0]["weights"].values())
+    whole = 2 * CFG.d_model * CFG.layers * 2 + CFG.seq_len * CFG.d_model + 2 * CFG.d_model \
+        + CFG.layers * 2 * CFG.d_model          # norms, positions, and the row layers' biases
+    assert held == (dense - whole) // 4 + whole
+
+
+def test_heads_that_do_not_split_say_what_to_change():
+    dense = transformer.build(transformer.GPTConfig(vocab=240, heads=4, d_model=48))
+    with pytest.raises(ValueError, match="the attention's heads has 4 units, which do not "
+                                         "split evenly over 3 devices"):
+        transformer_tp.ParallelGPT(dense, tp.layout(3))
+
+
+def test_a_model_width_that_does_not_split_into_heads_says_so():
+    with pytest.raises(ValueError, match="d_model 100 must divide by heads 3"):
+        transformer.GPTConfig(d_model=100, heads=3)
+
+
+def test_the_reference_learns_the_walk():
+    ref = transformer.train_reference(CFG, batch_size=8, steps=60, lr=3e-3,
+                                      optimizer_name="adam")
+    assert ref["losses"][-1] < 0.8 * ref["losses"][0], ref["losses"][::8]
