@@ -1,12 +1,13 @@
 """The transformer: split by heads, MLP slices and vocabulary (Megatron tensor parallel),
-it trains exactly like the whole model on one device."""
+and along the sequence too (sequence parallel), it trains exactly like the whole model on
+one device."""
 import numpy as np
 import pytest
 from batched import launch_each
 from conftest import rank_processes
 
 from parlab.torch import tensor_parallel as tp
-from parlab.torch import transformer, transformer_tp
+from parlab.torch import transformer, transformer_sp, transformer_tp
 
 TOL = 1e-5        # float32: partial sums added in another order
 CFG = transformer.GPTConfig(vocab=256, seq_len=32, d_model=64, heads=4, layers=2)
@@ -15,8 +16,9 @@ BATCH, STEPS = 4, 3
 
 @pytest.fixture(scope="module")
 def runs():
-    out = {n: launch_each({"tp": (transformer_tp.train_tp, (CFG, BATCH, STEPS))}, n)["tp"]
-           for n in (2, 4)}
+    calls = {"tp": (transformer_tp.train_tp, (CFG, BATCH, STEPS)),
+             "sp": (transformer_sp.train_sp, (CFG, BATCH, STEPS))}
+    out = {(n, key): run for n in (2, 4) for key, run in launch_each(calls, n).items()}
     assert not rank_processes(), "ranks left running"
     return out
 
@@ -26,9 +28,10 @@ def reference():
     return transformer.train_reference(CFG, BATCH, STEPS)
 
 
+@pytest.mark.parametrize("strategy", ["tp", "sp"])
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_tensor_parallel_transformer_trains_like_one_device(world_size, runs, reference):
-    for r, res in enumerate(runs[world_size].results):
+def test_split_transformer_trains_like_one_device(strategy, world_size, runs, reference):
+    for r, res in enumerate(runs[world_size, strategy].results):
         np.testing.assert_allclose(res["losses"], reference["losses"], atol=TOL)
         part = CFG.vocab // world_size
         np.testing.assert_allclose(res["first_logits"],
@@ -45,17 +48,30 @@ def test_tensor_parallel_transformer_trains_like_one_device(world_size, runs, re
                                        atol=TOL, err_msg=f"rank {r}: {name} after {STEPS} steps")
 
 
+@pytest.mark.parametrize("strategy", ["tp", "sp"])
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_each_rank_moves_the_bytes_of_the_formula(world_size, runs):
-    timeline = runs[world_size].timeline
-    want = transformer_tp.expected_comm_bytes(CFG, BATCH)["total"] * STEPS
+def test_each_rank_moves_the_bytes_of_the_formula(strategy, world_size, runs):
+    timeline = runs[world_size, strategy].timeline
+    if strategy == "tp":
+        want = transformer_tp.expected_comm_bytes(CFG, BATCH)["total"] * STEPS
+    else:
+        want = transformer_sp.expected_comm_bytes(CFG, BATCH, world_size)["total"] * STEPS
     for r in range(world_size):
         assert timeline.comm_bytes(r) == want, f"rank {r}"
 
 
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_sequence_parallel_saves_the_norms_activations_by_position(world_size, runs):
+    split = transformer_sp.split_activation_bytes(CFG, BATCH)
+    for r in range(world_size):
+        tp_saved = runs[world_size, "tp"].results[r]["saved_for_backward"]
+        sp_saved = runs[world_size, "sp"].results[r]["saved_for_backward"]
+        assert tp_saved - sp_saved == split - split // world_size, f"rank {r}"
+
+
 def test_the_split_holds_no_more_than_its_share(runs):
     dense = sum(p.numel() for p in transformer.build(CFG).parameters())
-    held = sum(w.size for w in runs[4].results[0]["weights"].values())
+    held = sum(w.size for w in runs[4, "tp"].results[0]["weights"].values())
     whole = 2 * CFG.d_model * CFG.layers * 2 + CFG.seq_len * CFG.d_model + 2 * CFG.d_model \
         + CFG.layers * 2 * CFG.d_model          # norms, positions, and the row layers' biases
     assert held == (dense - whole) // 4 + whole
@@ -66,6 +82,13 @@ def test_heads_that_do_not_split_say_what_to_change():
     with pytest.raises(ValueError, match="the attention's heads has 4 units, which do not "
                                          "split evenly over 3 devices"):
         transformer_tp.ParallelGPT(dense, tp.layout(3))
+
+
+def test_a_sequence_that_does_not_split_says_what_to_change():
+    dense = transformer.build(transformer.GPTConfig(vocab=240, seq_len=30, heads=4, d_model=48))
+    with pytest.raises(ValueError, match="the sequence has 30 units, which do not split "
+                                         "evenly over 4 devices"):
+        transformer_sp.SequenceParallelGPT(dense, tp.layout(4))
 
 
 def test_a_model_width_that_does_not_split_into_heads_says_so():

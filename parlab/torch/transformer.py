@@ -59,7 +59,7 @@ def causal_attention(q, k, v):
 def split_heads(x, heads: int):
     """(batch, time, heads · head_dim) -> (batch, heads, time, head_dim)."""
     b, t, d = x.shape
-    return x.view(b, t, heads, d // heads).transpose(1, 2)
+    return x.reshape(b, t, heads, d // heads).transpose(1, 2)
 
 
 def merge_heads(x):

@@ -30,6 +30,7 @@ from torch import nn
 
 from ..trace import span
 from . import comm, runtime
+from .memory import saved_tensor_counter
 from .groups import as_group
 from .tensor_parallel import (ColumnParallelLinear, RowParallelLinear, _split_size,
                               copy_to_parallel, reduce_from_parallel)
@@ -69,10 +70,14 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = nn.Parameter(dense.weight.detach()[self.start:self.start + self.part]
                                    .clone())
 
-    def forward(self, idx):
+    def partial(self, idx):
+        """The rows this rank holds, zeros for the tokens it does not."""
         here = (idx >= self.start) & (idx < self.start + self.part)
         rows = F.embedding((idx - self.start).clamp(0, self.part - 1), self.weight)
-        return reduce_from_parallel(rows * here.unsqueeze(-1), self.group)
+        return rows * here.unsqueeze(-1)
+
+    def forward(self, idx):
+        return reduce_from_parallel(self.partial(idx), self.group)
 
 
 def vocab_parallel_cross_entropy(logits, targets, group=None):
@@ -103,13 +108,15 @@ def vocab_parallel_cross_entropy(logits, targets, group=None):
 class ParallelGPT(nn.Module):
     """This rank's part of a dense ``GPT``: parameters named as in the dense model."""
 
+    block_class = ParallelBlock
+
     def __init__(self, dense: GPT, group=None):
         super().__init__()
         g = self.group = as_group(group)
         self.cfg = dense.cfg
         self.tokens = VocabParallelEmbedding(dense.tokens, g)
         self.positions = copy.deepcopy(dense.positions)
-        self.blocks = nn.ModuleList(ParallelBlock(b, g) for b in dense.blocks)
+        self.blocks = nn.ModuleList(self.block_class(b, g) for b in dense.blocks)
         self.ln_f = copy.deepcopy(dense.ln_f)
         self.head = ColumnParallelLinear(dense.head, g)   # rows k of the vocabulary
 
@@ -169,13 +176,14 @@ def train_tp(rank: int, world_size: int, cfg: GPTConfig = GPTConfig(), batch_siz
     out = {"losses": []}
     for step in range(steps):
         x, y = (t.to(device) for t in next(batches))
-        with span("forward"):
+        with span("forward"), saved_tensor_counter(model) as saved:
             opt.zero_grad()
             logits = model(x)
             loss = vocab_parallel_cross_entropy(logits, y, g)
         with span("backward"):
             loss.backward()
         if step == 0:
+            out["saved_for_backward"] = saved.bytes
             out["first_logits"] = logits.detach().cpu().numpy().copy()
             out["first_grads"] = {n: p.grad.cpu().numpy().copy()
                                   for n, p in model.named_parameters()}
