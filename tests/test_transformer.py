@@ -7,7 +7,7 @@ from batched import launch_each
 from conftest import rank_processes
 
 from parlab.torch import tensor_parallel as tp
-from parlab.torch import transformer, transformer_sp, transformer_tp
+from parlab.torch import transformer, transformer_cp, transformer_sp, transformer_tp
 
 TOL = 1e-5        # float32: partial sums added in another order
 CFG = transformer.GPTConfig(vocab=256, seq_len=32, d_model=64, heads=4, layers=2)
@@ -17,7 +17,8 @@ BATCH, STEPS = 4, 3
 @pytest.fixture(scope="module")
 def runs():
     calls = {"tp": (transformer_tp.train_tp, (CFG, BATCH, STEPS)),
-             "sp": (transformer_sp.train_sp, (CFG, BATCH, STEPS))}
+             "sp": (transformer_sp.train_sp, (CFG, BATCH, STEPS)),
+             "cp": (transformer_cp.train_cp, (CFG, BATCH, STEPS))}
     out = {(n, key): run for n in (2, 4) for key, run in launch_each(calls, n).items()}
     assert not rank_processes(), "ranks left running"
     return out
@@ -48,14 +49,31 @@ def test_split_transformer_trains_like_one_device(strategy, world_size, runs, re
                                        atol=TOL, err_msg=f"rank {r}: {name} after {STEPS} steps")
 
 
-@pytest.mark.parametrize("strategy", ["tp", "sp"])
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_context_parallel_transformer_trains_like_one_device(world_size, runs, reference):
+    part = CFG.seq_len // world_size
+    for r, res in enumerate(runs[world_size, "cp"].results):
+        np.testing.assert_allclose(res["losses"], reference["losses"], atol=TOL)
+        np.testing.assert_allclose(res["first_logits"],
+                                   reference["first_logits"][:, r * part:(r + 1) * part],
+                                   atol=TOL)
+        for name, dense in reference["first_grads"].items():
+            np.testing.assert_allclose(res["first_grads"][name], dense, atol=TOL,
+                                       err_msg=f"rank {r}: gradient of {name}")
+        for name, dense in reference["weights"].items():
+            np.testing.assert_allclose(res["weights"][name], dense, atol=TOL,
+                                       err_msg=f"rank {r}: {name} after {STEPS} steps")
+
+
+@pytest.mark.parametrize("strategy", ["tp", "sp", "cp"])
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_each_rank_moves_the_bytes_of_the_formula(strategy, world_size, runs):
     timeline = runs[world_size, strategy].timeline
     if strategy == "tp":
         want = transformer_tp.expected_comm_bytes(CFG, BATCH)["total"] * STEPS
     else:
-        want = transformer_sp.expected_comm_bytes(CFG, BATCH, world_size)["total"] * STEPS
+        module = transformer_sp if strategy == "sp" else transformer_cp
+        want = module.expected_comm_bytes(CFG, BATCH, world_size)["total"] * STEPS
     for r in range(world_size):
         assert timeline.comm_bytes(r) == want, f"rank {r}"
 

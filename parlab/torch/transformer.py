@@ -69,6 +69,8 @@ def merge_heads(x):
 
 
 class Block(nn.Module):
+    attention = staticmethod(causal_attention)   # context parallelism puts a ring here
+
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         d = cfg.d_model
@@ -81,7 +83,7 @@ class Block(nn.Module):
     def forward(self, x):
         h = self.ln1(x)
         q, k, v = (split_heads(f(h), self.heads) for f in (self.q, self.k, self.v))
-        x = x + self.proj(merge_heads(causal_attention(q, k, v)))
+        x = x + self.proj(merge_heads(self.attention(q, k, v)))
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
 
@@ -95,8 +97,11 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
 
-    def forward(self, idx):
-        x = self.tokens(idx) + self.positions(torch.arange(idx.shape[1], device=idx.device))
+    def forward(self, idx, first_position: int = 0):
+        """Logits (batch, time, vocab); ``idx`` may be a chunk of the sequence that
+        starts at ``first_position`` (context parallelism)."""
+        where = torch.arange(first_position, first_position + idx.shape[1], device=idx.device)
+        x = self.tokens(idx) + self.positions(where)
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x))
