@@ -18,7 +18,8 @@ BATCH, STEPS = 4, 3
 def runs():
     calls = {"tp": (transformer_tp.train_tp, (CFG, BATCH, STEPS)),
              "sp": (transformer_sp.train_sp, (CFG, BATCH, STEPS)),
-             "cp": (transformer_cp.train_cp, (CFG, BATCH, STEPS))}
+             "cp": (transformer_cp.train_cp, (CFG, BATCH, STEPS)),
+             "library": (transformer_tp.library_step, (CFG, BATCH))}
     out = {(n, key): run for n in (2, 4) for key, run in launch_each(calls, n).items()}
     assert not rank_processes(), "ranks left running"
     return out
@@ -47,6 +48,18 @@ def test_split_transformer_trains_like_one_device(strategy, world_size, runs, re
             np.testing.assert_allclose(res["weights"][name],
                                        transformer_tp.dense_part(name, dense, r, world_size),
                                        atol=TOL, err_msg=f"rank {r}: {name} after {STEPS} steps")
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_the_library_plan_computes_what_the_hand_split_does(world_size, runs):
+    for r, (lib, hand) in enumerate(zip(runs[world_size, "library"].results,
+                                        runs[world_size, "tp"].results)):
+        assert lib["loss"] == pytest.approx(hand["losses"][0], abs=TOL)
+        np.testing.assert_allclose(lib["first_logits"], hand["first_logits"], atol=TOL)
+        assert set(lib["first_grads"]) == set(hand["first_grads"])
+        for name, grad in hand["first_grads"].items():
+            np.testing.assert_allclose(lib["first_grads"][name], grad, atol=TOL,
+                                       err_msg=f"rank {r}: gradient of {name}")
 
 
 @pytest.mark.parametrize("world_size", [2, 4])

@@ -192,3 +192,51 @@ def train_tp(rank: int, world_size: int, cfg: GPTConfig = GPTConfig(), batch_siz
         out["losses"].append(loss.item())
     out["weights"] = {n: p.detach().cpu().numpy().copy() for n, p in model.named_parameters()}
     return out
+
+
+# ------------------------------------------------------------------ the library's way
+def library_plan(cfg: GPTConfig) -> dict:
+    """The same split declared for ``torch.distributed.tensor.parallel``: the vocabulary
+    row-wise in the embedding (a weight split by rows, its output all-reduced) and
+    column-wise in the head (its logits left split, for ``loss_parallel``); q, k, v and
+    fc1 column-wise, proj and fc2 row-wise."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    plan = {"tokens": RowwiseParallel(input_layouts=Replicate()),
+            "head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)}
+    for i in range(cfg.layers):
+        plan.update({f"blocks.{i}.{name}": ColwiseParallel() for name in ("q", "k", "v", "fc1")})
+        plan.update({f"blocks.{i}.{name}": RowwiseParallel() for name in ("proj", "fc2")})
+    return plan
+
+
+def library_step(rank: int, world_size: int, cfg: GPTConfig = GPTConfig(), batch_size: int = 8,
+                 seed: int = 0, *, group=None) -> dict:
+    """Rank function: one training step of the model split by ``library_plan``, the loss
+    by ``loss_parallel`` (the logits never gathered). DTensor does its own
+    communication, so the step is one span. Returns the loss, this rank's logits and
+    gradients, for comparison with ``train_tp``."""
+    from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
+
+    from .tensor_parallel import device_mesh_of
+    g, device = as_group(group), runtime.library_device()
+    model = parallelize_module(build(cfg, seed).to(device), device_mesh_of(g), library_plan(cfg))
+    for block in model.blocks:
+        block.heads = cfg.heads // g.size        # each rank's q, k, v hold its heads only
+    x, y = (t.to(device) for t in next(token_batches(cfg, batch_size, seed)))
+    with span("DTensor forward + backward"), loss_parallel():
+        logits = model(x)
+        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        loss.backward()
+    def local(t, like=None):
+        if not hasattr(t, "to_local"):
+            return t
+        if like is not None and hasattr(like, "placements"):   # the embedding's gradient
+            t = t.redistribute(placements=like.placements)     # comes back whole: its rows
+        return t.to_local()
+
+    out = {"loss": local(loss).item(), "first_logits": local(logits).detach().cpu().numpy().copy(),
+           "first_grads": {n: local(p.grad, p).cpu().numpy().copy()
+                           for n, p in model.named_parameters()}}
+    del model, logits, loss      # DTensor's objects go before the group is destroyed
+    return out
