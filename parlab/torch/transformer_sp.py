@@ -26,14 +26,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..trace import span
 from . import comm, runtime
-from .memory import saved_tensor_counter
 from .groups import as_group
 from .tensor_parallel import _split_size
-from .transformer import GPTConfig, build, causal_attention, merge_heads, optimizer
-from .transformer import split_heads, token_batches
-from .transformer_tp import ParallelBlock, ParallelGPT, vocab_parallel_cross_entropy
+from .transformer import GPTConfig, build, causal_attention, merge_heads, split_heads
+from .transformer_tp import ParallelBlock, ParallelGPT, train_split
 
 
 class _ScatterSequence(torch.autograd.Function):
@@ -186,28 +183,8 @@ def train_sp(rank: int, world_size: int, cfg: GPTConfig = GPTConfig(), batch_siz
              steps: int = 3, lr: float = 0.1, seed: int = 0, optimizer_name: str = "sgd",
              *, group=None) -> dict:
     """Rank function: ``transformer_tp.train_tp`` with sequence parallelism; returns the
-    same (losses, first logits slice and gradients, final parameters)."""
-    g, device = as_group(group), runtime.rank_device()
-    model = SequenceParallelGPT(build(cfg, seed), g).to(device)
-    opt = optimizer(optimizer_name, model.parameters(), lr)
-    batches = token_batches(cfg, batch_size, seed)
-    out = {"losses": []}
-    for step in range(steps):
-        x, y = (t.to(device) for t in next(batches))
-        with span("forward"), saved_tensor_counter(model) as saved:
-            opt.zero_grad()
-            logits = model(x)
-            loss = vocab_parallel_cross_entropy(logits, y, g)
-        with span("backward"):
-            loss.backward()
-            sync_replicated_grads(model)
-        if step == 0:
-            out["saved_for_backward"] = saved.bytes
-            out["first_logits"] = logits.detach().cpu().numpy().copy()
-            out["first_grads"] = {n: p.grad.cpu().numpy().copy()
-                                  for n, p in model.named_parameters()}
-        with span("update"):
-            opt.step()
-        out["losses"].append(loss.item())
-    out["weights"] = {n: p.detach().cpu().numpy().copy() for n, p in model.named_parameters()}
-    return out
+    same (losses, first logits slice, gradients and saved bytes, final parameters)."""
+    g = as_group(group)
+    model = SequenceParallelGPT(build(cfg, seed), g).to(runtime.rank_device())
+    return train_split(model, cfg, batch_size, steps, lr, seed, optimizer_name,
+                       after_backward=sync_replicated_grads)

@@ -168,9 +168,18 @@ def train_tp(rank: int, world_size: int, cfg: GPTConfig = GPTConfig(), batch_siz
              *, group=None) -> dict:
     """Rank function: train the transformer split over ``group`` (default: every rank) on
     the same batches as ``transformer.train_reference``. Returns the losses, the first
-    step's logits slice and gradients, and the final parameters (numpy, dense names)."""
-    g, device = as_group(group), runtime.rank_device()
-    model = ParallelGPT(build(cfg, seed), g).to(device)
+    step's logits slice, gradients and bytes saved for the backward pass, and the final
+    parameters (numpy, dense names)."""
+    g = as_group(group)
+    model = ParallelGPT(build(cfg, seed), g).to(runtime.rank_device())
+    return train_split(model, cfg, batch_size, steps, lr, seed, optimizer_name)
+
+
+def train_split(model, cfg: GPTConfig, batch_size: int, steps: int, lr: float, seed: int,
+                optimizer_name: str, after_backward=None) -> dict:
+    """The training loop of a model whose logits are split by vocabulary (``train_tp``
+    and sequence parallel's); ``after_backward(model)`` runs before the update."""
+    device = next(model.parameters()).device
     opt = optimizer(optimizer_name, model.parameters(), lr)
     batches = token_batches(cfg, batch_size, seed)
     out = {"losses": []}
@@ -179,9 +188,11 @@ def train_tp(rank: int, world_size: int, cfg: GPTConfig = GPTConfig(), batch_siz
         with span("forward"), saved_tensor_counter(model) as saved:
             opt.zero_grad()
             logits = model(x)
-            loss = vocab_parallel_cross_entropy(logits, y, g)
+            loss = vocab_parallel_cross_entropy(logits, y, model.group)
         with span("backward"):
             loss.backward()
+            if after_backward is not None:
+                after_backward(model)
         if step == 0:
             out["saved_for_backward"] = saved.bytes
             out["first_logits"] = logits.detach().cpu().numpy().copy()
