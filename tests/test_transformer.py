@@ -19,6 +19,7 @@ def runs():
     calls = {"tp": (transformer_tp.train_tp, (CFG, BATCH, STEPS)),
              "sp": (transformer_sp.train_sp, (CFG, BATCH, STEPS)),
              "cp": (transformer_cp.train_cp, (CFG, BATCH, STEPS)),
+             "zigzag": (transformer_cp.train_cp, (CFG, BATCH, STEPS, 0.1, 0, "sgd", "zigzag")),
              "library": (transformer_tp.library_step, (CFG, BATCH))}
     out = {(n, key): run for n in (2, 4) for key, run in launch_each(calls, n).items()}
     assert not rank_processes(), "ranks left running"
@@ -62,14 +63,16 @@ def test_the_library_plan_computes_what_the_hand_split_does(world_size, runs):
                                        err_msg=f"rank {r}: gradient of {name}")
 
 
+@pytest.mark.parametrize("layout", ["cp", "zigzag"])
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_context_parallel_transformer_trains_like_one_device(world_size, runs, reference):
-    part = CFG.seq_len // world_size
-    for r, res in enumerate(runs[world_size, "cp"].results):
+def test_context_parallel_transformer_trains_like_one_device(layout, world_size, runs,
+                                                            reference):
+    held = []
+    for r, res in enumerate(runs[world_size, layout].results):
+        held += list(res["positions"])
         np.testing.assert_allclose(res["losses"], reference["losses"], atol=TOL)
         np.testing.assert_allclose(res["first_logits"],
-                                   reference["first_logits"][:, r * part:(r + 1) * part],
-                                   atol=TOL)
+                                   reference["first_logits"][:, res["positions"]], atol=TOL)
         for name, dense in reference["first_grads"].items():
             np.testing.assert_allclose(res["first_grads"][name], dense, atol=TOL,
                                        err_msg=f"rank {r}: gradient of {name}")
@@ -78,14 +81,25 @@ def test_context_parallel_transformer_trains_like_one_device(world_size, runs, r
                                        err_msg=f"rank {r}: {name} after {STEPS} steps")
 
 
-@pytest.mark.parametrize("strategy", ["tp", "sp", "cp"])
+    assert sorted(held) == list(range(CFG.seq_len))       # every position, once
+
+
+def test_the_zigzag_split_gives_every_rank_the_same_attention():
+    assert transformer_cp.chunks_of(1, 4, "zigzag") == (1, 6)
+    assert transformer_cp.attention_blocks(4) == pytest.approx([1 / 32, 3 / 32, 5 / 32, 7 / 32])
+    assert transformer_cp.attention_blocks(4, "zigzag") == pytest.approx([1 / 8] * 4)
+    with pytest.raises(ValueError, match="the sequence \\(zigzag split\\) has 30 units"):
+        transformer_cp.positions_of(0, 4, 30, "zigzag")
+
+
+@pytest.mark.parametrize("strategy", ["tp", "sp", "cp", "zigzag"])
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_each_rank_moves_the_bytes_of_the_formula(strategy, world_size, runs):
     timeline = runs[world_size, strategy].timeline
     if strategy == "tp":
         want = transformer_tp.expected_comm_bytes(CFG, BATCH)["total"] * STEPS
     else:
-        module = transformer_sp if strategy == "sp" else transformer_cp
+        module = transformer_sp if strategy == "sp" else transformer_cp   # either split
         want = module.expected_comm_bytes(CFG, BATCH, world_size)["total"] * STEPS
     for r in range(world_size):
         assert timeline.comm_bytes(r) == want, f"rank {r}"

@@ -97,11 +97,12 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
 
-    def forward(self, idx, first_position: int = 0):
-        """Logits (batch, time, vocab); ``idx`` may be a chunk of the sequence that
-        starts at ``first_position`` (context parallelism)."""
-        where = torch.arange(first_position, first_position + idx.shape[1], device=idx.device)
-        x = self.tokens(idx) + self.positions(where)
+    def forward(self, idx, positions=None):
+        """Logits (batch, time, vocab); ``idx`` may hold some positions of the sequence
+        only, ``positions`` saying which (context parallelism)."""
+        if positions is None:
+            positions = torch.arange(idx.shape[1], device=idx.device)
+        x = self.tokens(idx) + self.positions(positions)
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x))

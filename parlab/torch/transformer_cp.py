@@ -44,82 +44,135 @@ def _pass_right(tensors_and_tags, g) -> list:
     return got
 
 
+LAYOUTS = ("contiguous", "zigzag")
+
+
+def chunks_of(rank: int, world_size: int, layout: str = "contiguous") -> tuple[int, ...]:
+    """The chunks of the sequence a rank holds, in order. contiguous: n chunks, rank r
+    the r-th. zigzag (Brandon et al. 2023's load-balanced split): 2n chunks, rank r the
+    r-th and the r-th from the end, so that under a causal mask every rank attends to as
+    many keys as every other."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if layout == "contiguous":
+        return (rank,)
+    return (rank, 2 * world_size - 1 - rank)
+
+
+def positions_of(rank: int, world_size: int, seq_len: int, layout: str = "contiguous"):
+    """The positions of the sequence that a rank holds, as a tensor of indices."""
+    chunks = chunks_of(rank, world_size, layout)
+    size = _split_size(seq_len, world_size * len(chunks), f"the sequence ({layout} split)")
+    return torch.cat([torch.arange(c * size, (c + 1) * size) for c in chunks])
+
+
+def _pairs(mine, theirs):
+    """(query chunk, key chunk, on the diagonal) for every pair of chunks that a causal
+    mask leaves anything of: a key chunk before the query chunk, or the same chunk."""
+    for qi, a in enumerate(mine):
+        for ki, b in enumerate(theirs):
+            if b <= a:
+                yield qi, ki, b == a
+
+
+def attention_blocks(world_size: int, layout: str = "contiguous") -> list[float]:
+    """Per rank, the attention it computes under a causal mask, in units of one
+    sequence's whole (unmasked) attention: a diagonal block is half a block."""
+    k = len(chunks_of(0, world_size, layout))
+    block = 1 / (world_size * k) ** 2
+    return [sum(block / 2 if diag else block
+                for j in range(world_size)
+                for _, _, diag in _pairs(chunks_of(r, world_size, layout),
+                                         chunks_of(j, world_size, layout)))
+            for r in range(world_size)]
+
+
+def _causal(scores):
+    t = scores.shape[-1]
+    return scores.masked_fill(torch.ones(t, t, dtype=torch.bool, device=scores.device)
+                              .triu(1), float("-inf"))
+
+
 def _block(q, k, v, diagonal: bool):
     """Attention of q to one chunk of keys: (output, log-sum-exp per query); on the
     diagonal block a query sees itself and the keys before it."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     if diagonal:
-        t = q.shape[-2]
-        scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool, device=q.device)
-                                    .triu(1), float("-inf"))
+        scores = _causal(scores)
     lse = scores.logsumexp(-1)
     return (scores - lse.unsqueeze(-1)).exp() @ v, lse
 
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g):
-        out = lse = None
+    def forward(ctx, q, k, v, g, layout):
+        mine = chunks_of(g.index, g.size, layout)
+        size = q.shape[-2] // len(mine)
+        outs, lses = [None] * len(mine), [None] * len(mine)
         k_j, v_j = k, v
         for step in range(g.size):
-            j = (g.index - step) % g.size                 # whose chunk this rank holds
-            if j <= g.index:                              # causal: later chunks unseen
-                o, l = _block(q, k_j, v_j, diagonal=j == g.index)
-                if out is None:
-                    out, lse = o, l
-                else:
-                    m = torch.logaddexp(lse, l)
-                    out = (lse - m).exp().unsqueeze(-1) * out + (l - m).exp().unsqueeze(-1) * o
-                    lse = m
+            j = (g.index - step) % g.size                 # whose chunks this rank holds
+            for qi, ki, diag in _pairs(mine, chunks_of(j, g.size, layout)):
+                o, l = _block(q.narrow(-2, qi * size, size), k_j.narrow(-2, ki * size, size),
+                              v_j.narrow(-2, ki * size, size), diag)
+                if outs[qi] is None:
+                    outs[qi], lses[qi] = o, l
+                else:                                     # the online softmax's merge
+                    m = torch.logaddexp(lses[qi], l)
+                    outs[qi] = ((lses[qi] - m).exp().unsqueeze(-1) * outs[qi]
+                                + (l - m).exp().unsqueeze(-1) * o)
+                    lses[qi] = m
             if step < g.size - 1:
                 k_j, v_j = _pass_right([(k_j, TAG_K), (v_j, TAG_V)], g)
-        ctx.g = g
+        out, lse = torch.cat(outs, -2), torch.cat(lses, -1)
+        ctx.g, ctx.layout = g, layout
         ctx.save_for_backward(q, k, v, out, lse)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
-        g = ctx.g
+        g, layout = ctx.g, ctx.layout
+        mine = chunks_of(g.index, g.size, layout)
+        size = q.shape[-2] // len(mine)
         scale = 1 / math.sqrt(q.shape[-1])
         delta = (grad_out * out).sum(-1, keepdim=True)   # D = rowsum(dO . O)
         dq = torch.zeros_like(q)
         k_j, v_j, dk_j, dv_j = k, v, torch.zeros_like(k), torch.zeros_like(v)
         for step in range(g.size):
             j = (g.index - step) % g.size
-            if j <= g.index:
-                s = q @ k_j.transpose(-2, -1) * scale
-                if j == g.index:
-                    t = q.shape[-2]
-                    s = s.masked_fill(torch.ones(t, t, dtype=torch.bool, device=q.device)
-                                      .triu(1), float("-inf"))
-                p = (s - lse.unsqueeze(-1)).exp()         # this chunk's softmax weights
-                dv_j = dv_j + p.transpose(-2, -1) @ grad_out
-                ds = p * (grad_out @ v_j.transpose(-2, -1) - delta)
-                dq = dq + ds @ k_j * scale
-                dk_j = dk_j + ds.transpose(-2, -1) @ q * scale
-            # the gradients travel with their chunk; the last pass brings them home
+            for qi, ki, diag in _pairs(mine, chunks_of(j, g.size, layout)):
+                rows, cols = slice(qi * size, (qi + 1) * size), slice(ki * size, (ki + 1) * size)
+                q_a, k_b, v_b = q[..., rows, :], k_j[..., cols, :], v_j[..., cols, :]
+                s = q_a @ k_b.transpose(-2, -1) * scale
+                p = ((_causal(s) if diag else s) - lse[..., rows].unsqueeze(-1)).exp()
+                dv_j[..., cols, :] += p.transpose(-2, -1) @ grad_out[..., rows, :]
+                ds = p * (grad_out[..., rows, :] @ v_b.transpose(-2, -1) - delta[..., rows, :])
+                dq[..., rows, :] += ds @ k_b * scale
+                dk_j[..., cols, :] += ds.transpose(-2, -1) @ q_a * scale
+            # the gradients travel with their chunks; the last pass brings them home
             if step < g.size - 1:
                 k_j, v_j, dk_j, dv_j = _pass_right(
                     [(k_j, TAG_K), (v_j, TAG_V), (dk_j, TAG_DK), (dv_j, TAG_DV)], g)
             else:
                 dk_j, dv_j = _pass_right([(dk_j, TAG_DK), (dv_j, TAG_DV)], g)
-        return dq, dk_j, dv_j, None
+        return dq, dk_j, dv_j, None, None
 
 
-def ring_attention(q, k, v, group=None):
-    """Causal attention of this rank's chunk of queries to every earlier position, the
-    keys and values passed around the ring; q, k, v: (batch, heads, seq/n, head_dim)."""
-    return _RingAttention.apply(q, k, v, as_group(group))
+def ring_attention(q, k, v, group=None, layout: str = "contiguous"):
+    """Causal attention of this rank's queries to every earlier position, the keys and
+    values passed around the ring; q, k, v: (batch, heads, this rank's positions,
+    head_dim), its positions those of ``positions_of(..., layout)``."""
+    return _RingAttention.apply(q, k, v, as_group(group), layout)
 
 
-def context_parallel_model(cfg: GPTConfig, seed: int, group=None):
+def context_parallel_model(cfg: GPTConfig, seed: int, group=None, layout: str = "contiguous"):
     """The whole model, with each block's attention replaced by ring attention."""
     g = as_group(group)
-    _split_size(cfg.seq_len, g.size, "the sequence")
+    positions_of(g.index, g.size, cfg.seq_len, layout)     # says so if the split is uneven
     model = build(cfg, seed)
     for block in model.blocks:
-        block.attention = lambda q, k, v: ring_attention(q, k, v, g)
+        block.attention = lambda q, k, v: ring_attention(q, k, v, g, layout)
     return model
 
 
@@ -154,23 +207,23 @@ def expected_comm_bytes(cfg: GPTConfig, batch_size: int, world_size: int) -> dic
 
 def train_cp(rank: int, world_size: int, cfg: GPTConfig = GPTConfig(), batch_size: int = 8,
              steps: int = 3, lr: float = 0.1, seed: int = 0, optimizer_name: str = "sgd",
-             *, group=None) -> dict:
+             layout: str = "contiguous", *, group=None) -> dict:
     """Rank function: train the transformer with every sequence split over ``group``
     (default: every rank), on the batches of ``transformer.train_reference``. Returns the
-    losses, the first step's logits (this rank's positions) and gradients (whole, after
-    the sum), and the final parameters."""
+    losses, this rank's positions, the first step's logits (at those positions) and
+    gradients (whole, after the sum), and the final parameters."""
     g, device = as_group(group), runtime.rank_device()
-    model = context_parallel_model(cfg, seed, g).to(device)
+    model = context_parallel_model(cfg, seed, g, layout).to(device)
     opt = optimizer(optimizer_name, model.parameters(), lr)
     batches = token_batches(cfg, batch_size, seed)
-    part = cfg.seq_len // g.size
-    here = slice(g.index * part, (g.index + 1) * part)
-    out = {"losses": []}
+    here = positions_of(g.index, g.size, cfg.seq_len, layout)
+    out = {"losses": [], "positions": here.numpy().copy()}
+    here = here.to(device)
     for step in range(steps):
-        x, y = (t[:, here].to(device) for t in next(batches))
+        x, y = (t.to(device)[:, here] for t in next(batches))
         with span("forward"):
             opt.zero_grad()
-            logits = model(x, first_position=here.start)
+            logits = model(x, positions=here)
             # this chunk's share of the mean over every position of the batch
             loss = F.cross_entropy(logits.reshape(-1, cfg.vocab), y.reshape(-1),
                                    reduction="sum") / (batch_size * cfg.seq_len)
