@@ -31,6 +31,7 @@ from .tensor_parallel import _split_size
 from .transformer import GPTConfig, build, optimizer, token_batches
 
 TAG_K, TAG_V, TAG_DK, TAG_DV = 11, 12, 13, 14
+ATTENTION, ATTENTION_BACKWARD = "attention block", "attention block (backward)"
 
 
 def _pass_right(tensors_and_tags, g) -> list:
@@ -103,6 +104,16 @@ def _block(q, k, v, diagonal: bool):
     return (scores - lse.unsqueeze(-1)).exp() @ v, lse
 
 
+def _block_grads(q, k, v, grad_out, lse, delta, diagonal: bool):
+    """One block's share of dq, dk and dv, from the softmax's final log-sum-exp ``lse``
+    (the weights p recomputed exactly) and D = rowsum(dO . O) (Dao et al. 2022, alg. 4)."""
+    scale = 1 / math.sqrt(q.shape[-1])
+    scores = q @ k.transpose(-2, -1) * scale
+    p = ((_causal(scores) if diagonal else scores) - lse.unsqueeze(-1)).exp()
+    ds = p * (grad_out @ v.transpose(-2, -1) - delta)
+    return ds @ k * scale, ds.transpose(-2, -1) @ q * scale, p.transpose(-2, -1) @ grad_out
+
+
 class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, layout):
@@ -113,8 +124,10 @@ class _RingAttention(torch.autograd.Function):
         for step in range(g.size):
             j = (g.index - step) % g.size                 # whose chunks this rank holds
             for qi, ki, diag in _pairs(mine, chunks_of(j, g.size, layout)):
-                o, l = _block(q.narrow(-2, qi * size, size), k_j.narrow(-2, ki * size, size),
-                              v_j.narrow(-2, ki * size, size), diag)
+                with span(ATTENTION):
+                    o, l = _block(q.narrow(-2, qi * size, size),
+                                  k_j.narrow(-2, ki * size, size),
+                                  v_j.narrow(-2, ki * size, size), diag)
                 if outs[qi] is None:
                     outs[qi], lses[qi] = o, l
                 else:                                     # the online softmax's merge
@@ -135,7 +148,6 @@ class _RingAttention(torch.autograd.Function):
         g, layout = ctx.g, ctx.layout
         mine = chunks_of(g.index, g.size, layout)
         size = q.shape[-2] // len(mine)
-        scale = 1 / math.sqrt(q.shape[-1])
         delta = (grad_out * out).sum(-1, keepdim=True)   # D = rowsum(dO . O)
         dq = torch.zeros_like(q)
         k_j, v_j, dk_j, dv_j = k, v, torch.zeros_like(k), torch.zeros_like(v)
@@ -143,13 +155,13 @@ class _RingAttention(torch.autograd.Function):
             j = (g.index - step) % g.size
             for qi, ki, diag in _pairs(mine, chunks_of(j, g.size, layout)):
                 rows, cols = slice(qi * size, (qi + 1) * size), slice(ki * size, (ki + 1) * size)
-                q_a, k_b, v_b = q[..., rows, :], k_j[..., cols, :], v_j[..., cols, :]
-                s = q_a @ k_b.transpose(-2, -1) * scale
-                p = ((_causal(s) if diag else s) - lse[..., rows].unsqueeze(-1)).exp()
-                dv_j[..., cols, :] += p.transpose(-2, -1) @ grad_out[..., rows, :]
-                ds = p * (grad_out[..., rows, :] @ v_b.transpose(-2, -1) - delta[..., rows, :])
-                dq[..., rows, :] += ds @ k_b * scale
-                dk_j[..., cols, :] += ds.transpose(-2, -1) @ q_a * scale
+                with span(ATTENTION_BACKWARD):
+                    dq_a, dk_b, dv_b = _block_grads(
+                        q[..., rows, :], k_j[..., cols, :], v_j[..., cols, :],
+                        grad_out[..., rows, :], lse[..., rows], delta[..., rows, :], diag)
+                    dq[..., rows, :] += dq_a
+                    dk_j[..., cols, :] += dk_b
+                    dv_j[..., cols, :] += dv_b
             # the gradients travel with their chunks; the last pass brings them home
             if step < g.size - 1:
                 k_j, v_j, dk_j, dv_j = _pass_right(
