@@ -1,9 +1,9 @@
 """Context parallelism: the sequence split over the ranks through every layer, attention
-computed by passing keys and values around a ring (ring attention: Liu et al. 2023;
-Brandon et al. 2023 for the causal case), by hand over the course's traced sends.
+computed by passing keys and values around a ring (ring attention: Liu et al. 2023), by
+hand over the course's traced sends.
 
-Each rank holds the whole model and one contiguous chunk of every sequence: chunk r of
-n, seq_len / n positions. Everything but attention is position by position and needs
+Each rank holds the whole model and one chunk of every sequence: chunk r of n, seq_len / n
+positions (or, zig-zag, two chunks: see ``chunks_of``). Everything but attention is position by position and needs
 nothing from the other ranks. Attention needs every earlier position's key and value.
 So the ranks pass their chunk's keys and values to the right, n - 1 times; after step s
 rank r holds chunk r - s and attends to it, merging the partial results with the
@@ -12,7 +12,7 @@ log-sum-exp rule of the online softmax (Milakov and Gimelshein 2018):
     m = logsumexp(lse_a, lse_b);   out = exp(lse_a - m) out_a + exp(lse_b - m) out_b
 
 Causal masking leaves rank r only chunks 0..r to attend to: the last rank computes n
-blocks, the first one. Backward passes the chunks again, now with their key and value
+blocks, the first one. The zig-zag split evens that out. Backward passes the chunks again, now with their key and value
 gradients, which each rank adds to as the chunk goes by; after n steps every chunk's
 gradients are back at its owner. The weights are replicated, so their gradients are
 summed over the ranks once per step, as in data parallel.
@@ -50,9 +50,9 @@ LAYOUTS = ("contiguous", "zigzag")
 
 def chunks_of(rank: int, world_size: int, layout: str = "contiguous") -> tuple[int, ...]:
     """The chunks of the sequence a rank holds, in order. contiguous: n chunks, rank r
-    the r-th. zigzag (Brandon et al. 2023's load-balanced split): 2n chunks, rank r the
-    r-th and the r-th from the end, so that under a causal mask every rank attends to as
-    many keys as every other."""
+    the r-th. zigzag (the load-balanced split of Llama 3's context parallelism, Dubey et
+    al. 2024, section 3.3.2): 2n chunks, rank r the r-th and the r-th from the end, so
+    that under a causal mask every rank attends to as many keys as every other."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if layout == "contiguous":
