@@ -3,6 +3,7 @@ and along the sequence too (sequence parallel), it trains exactly like the whole
 one device."""
 import numpy as np
 import pytest
+import torch
 from batched import launch_each
 from conftest import rank_processes
 
@@ -145,3 +146,30 @@ def test_the_reference_learns_the_walk():
     ref = transformer.train_reference(CFG, batch_size=8, steps=60, lr=3e-3,
                                       optimizer_name="adam")
     assert ref["losses"][-1] < 0.8 * ref["losses"][0], ref["losses"][::8]
+
+
+def test_the_model_learns_the_generated_language_past_counting_words():
+    from parlab import corpus
+    cfg = transformer.GPTConfig(vocab=128, seq_len=32, d_model=64, heads=4, layers=2)
+    torch.manual_seed(0)
+    model = transformer.build(cfg)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    batches = transformer.text_batches(cfg, 16)
+    for _ in range(60):
+        x, y = next(batches)
+        opt.zero_grad()
+        transformer.lm_loss(model(x), y).backward()
+        opt.step()
+    unigram = corpus.unigram_nats(corpus.tokens(200_000, 0), corpus.tokens(50_000, 1))
+    held_out = transformer.held_out_nats(model, cfg)
+    assert held_out < unigram - 0.5, (held_out, unigram)
+
+
+def test_the_language_reads_as_sentences_and_says_what_vocabulary_it_needs():
+    from parlab import corpus
+    words = corpus.text(corpus.tokens(400, seed=3)).split(" . ")
+    assert all(w.split()[0] in ("the", "a", "an") for w in words[:-1])
+    assert " an old " in corpus.text(corpus.tokens(5000)) and " a old " not in \
+        corpus.text(corpus.tokens(5000))
+    with pytest.raises(ValueError, match="the language has 120 words: set GPTConfig"):
+        next(transformer.text_batches(transformer.GPTConfig(vocab=64), 2))

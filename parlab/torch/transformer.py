@@ -129,6 +129,31 @@ def token_batches(cfg: GPTConfig, batch_size: int, seed: int = 0):
         yield torch.from_numpy(walk[:, :-1]), torch.from_numpy(walk[:, 1:])
 
 
+def text_batches(cfg: GPTConfig, batch_size: int, seed: int = 0, tokens: int = 200_000):
+    """Endless (inputs, targets) batches of the generated language (``parlab.corpus``):
+    windows of one long text at seeded places, the same on every rank. Held-out text is
+    another seed's."""
+    from .. import corpus
+    if cfg.vocab < len(corpus.vocabulary()):
+        raise ValueError(f"the language has {len(corpus.vocabulary())} words: set "
+                         f"GPTConfig(vocab=) to at least that (got {cfg.vocab})")
+    stream = torch.from_numpy(corpus.tokens(tokens, seed))
+    rng = np.random.default_rng(seed)
+    while True:
+        starts = rng.integers(0, len(stream) - cfg.seq_len - 1, batch_size)
+        windows = torch.stack([stream[i:i + cfg.seq_len + 1] for i in starts])
+        yield windows[:, :-1], windows[:, 1:]
+
+
+@torch.no_grad()
+def held_out_nats(model: GPT, cfg: GPTConfig, seed: int = 1, batches: int = 8,
+                  batch_size: int = 16) -> float:
+    """The model's mean cross-entropy (nats a token) on text it never trained on."""
+    data = text_batches(cfg, batch_size, seed, tokens=50_000)
+    return float(np.mean([lm_loss(model(x), y).item() for x, y in
+                          (next(data) for _ in range(batches))]))
+
+
 def lm_loss(logits, targets):
     """Mean cross-entropy of the next token over every position of the batch."""
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
