@@ -173,3 +173,11 @@ def test_the_language_reads_as_sentences_and_says_what_vocabulary_it_needs():
         corpus.text(corpus.tokens(5000))
     with pytest.raises(ValueError, match="the language has 120 words: set GPTConfig"):
         next(transformer.text_batches(transformer.GPTConfig(vocab=64), 2))
+
+
+def test_context_parallel_on_one_rank_is_the_whole_model(reference):
+    import parlab
+    out = parlab.launch(transformer_cp.train_cp, 1, args=(CFG, BATCH, STEPS), timeout=120)
+    np.testing.assert_allclose(out.results[0]["losses"], reference["losses"], atol=TOL)
+    assert out.timeline.comm_bytes(0) == \
+        transformer_cp.expected_comm_bytes(CFG, BATCH, 1)["total"] * STEPS

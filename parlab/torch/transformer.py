@@ -140,7 +140,7 @@ def text_batches(cfg: GPTConfig, batch_size: int, seed: int = 0, tokens: int = 2
     stream = torch.from_numpy(corpus.tokens(tokens, seed))
     rng = np.random.default_rng(seed)
     while True:
-        starts = rng.integers(0, len(stream) - cfg.seq_len - 1, batch_size)
+        starts = rng.integers(0, len(stream) - cfg.seq_len, batch_size)
         windows = torch.stack([stream[i:i + cfg.seq_len + 1] for i in starts])
         yield windows[:, :-1], windows[:, 1:]
 
@@ -150,7 +150,8 @@ def held_out_nats(model: GPT, cfg: GPTConfig, seed: int = 1, batches: int = 8,
                   batch_size: int = 16) -> float:
     """The model's mean cross-entropy (nats a token) on text it never trained on."""
     data = text_batches(cfg, batch_size, seed, tokens=50_000)
-    return float(np.mean([lm_loss(model(x), y).item() for x, y in
+    device = next(model.parameters()).device
+    return float(np.mean([lm_loss(model(x.to(device)), y.to(device)).item() for x, y in
                           (next(data) for _ in range(batches))]))
 
 

@@ -6,8 +6,8 @@ Each rank holds the whole model and one chunk of every sequence: chunk r of n, s
 positions (or, zig-zag, two chunks: see ``chunks_of``). Everything but attention is position by position and needs
 nothing from the other ranks. Attention needs every earlier position's key and value.
 So the ranks pass their chunk's keys and values to the right, n - 1 times; after step s
-rank r holds chunk r - s and attends to it, merging the partial results with the
-log-sum-exp rule of the online softmax (Milakov and Gimelshein 2018):
+rank r holds chunk r - s and attends to it, merging the partial results by their
+log-sum-exp, as blockwise attention does (Rabe and Staats 2021; Dao et al. 2022):
 
     m = logsumexp(lse_a, lse_b);   out = exp(lse_a - m) out_a + exp(lse_b - m) out_b
 
@@ -15,7 +15,8 @@ Causal masking leaves rank r only chunks 0..r to attend to: the last rank comput
 blocks, the first one. The zig-zag split evens that out. Backward passes the chunks again, now with their key and value
 gradients, which each rank adds to as the chunk goes by; after n steps every chunk's
 gradients are back at its owner. The weights are replicated, so their gradients are
-summed over the ranks once per step, as in data parallel.
+summed over the ranks once per step, as in data parallel. Here a rank passes its chunk
+on after attending to it; Liu et al. overlap each transfer with the next block's work.
 """
 from __future__ import annotations
 
@@ -51,8 +52,9 @@ LAYOUTS = ("contiguous", "zigzag")
 def chunks_of(rank: int, world_size: int, layout: str = "contiguous") -> tuple[int, ...]:
     """The chunks of the sequence a rank holds, in order. contiguous: n chunks, rank r
     the r-th. zigzag (the load-balanced split of Llama 3's context parallelism, Dubey et
-    al. 2024, section 3.3.2): 2n chunks, rank r the r-th and the r-th from the end, so
-    that under a causal mask every rank attends to as many keys as every other."""
+    al. 2024, section 3.3.2, which all-gathers the keys and values rather than passing
+    them round a ring): 2n chunks, rank r the r-th and the r-th from the end, so that
+    under a causal mask every rank attends to as many keys as every other."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if layout == "contiguous":
@@ -68,8 +70,9 @@ def positions_of(rank: int, world_size: int, seq_len: int, layout: str = "contig
 
 
 def _pairs(mine, theirs):
-    """(query chunk, key chunk, on the diagonal) for every pair of chunks that a causal
-    mask leaves anything of: a key chunk before the query chunk, or the same chunk."""
+    """(index in ``mine``, index in ``theirs``, on the diagonal) for every pair of chunks
+    that a causal mask leaves anything of: a key chunk before the query chunk, or the
+    same chunk."""
     for qi, a in enumerate(mine):
         for ki, b in enumerate(theirs):
             if b <= a:
@@ -77,8 +80,9 @@ def _pairs(mine, theirs):
 
 
 def attention_blocks(world_size: int, layout: str = "contiguous") -> list[float]:
-    """Per rank, the attention it computes under a causal mask, in units of one
-    sequence's whole (unmasked) attention: a diagonal block is half a block."""
+    """Per rank, the share of one sequence's whole (unmasked) attention that it computes
+    under a causal mask, a diagonal block counted as half of one (exactly (c + 1) / 2c
+    for c positions)."""
     k = len(chunks_of(0, world_size, layout))
     block = 1 / (world_size * k) ** 2
     return [sum(block / 2 if diag else block
@@ -106,7 +110,8 @@ def _block(q, k, v, diagonal: bool):
 
 def _block_grads(q, k, v, grad_out, lse, delta, diagonal: bool):
     """One block's share of dq, dk and dv, from the softmax's final log-sum-exp ``lse``
-    (the weights p recomputed exactly) and D = rowsum(dO . O) (Dao et al. 2022, alg. 4)."""
+    (the weights p recomputed exactly) and D = rowsum(dO . O), as FlashAttention-2's
+    backward does (Dao 2023)."""
     scale = 1 / math.sqrt(q.shape[-1])
     scores = q @ k.transpose(-2, -1) * scale
     p = ((_causal(scores) if diagonal else scores) - lse.unsqueeze(-1)).exp()
@@ -166,7 +171,7 @@ class _RingAttention(torch.autograd.Function):
             if step < g.size - 1:
                 k_j, v_j, dk_j, dv_j = _pass_right(
                     [(k_j, TAG_K), (v_j, TAG_V), (dk_j, TAG_DK), (dv_j, TAG_DV)], g)
-            else:
+            elif g.size > 1:
                 dk_j, dv_j = _pass_right([(dk_j, TAG_DK), (dv_j, TAG_DV)], g)
         return dq, dk_j, dv_j, None, None
 
@@ -210,8 +215,10 @@ def expected_comm_bytes(cfg: GPTConfig, batch_size: int, world_size: int) -> dic
     """
     n, f32 = world_size, 4
     chunk = batch_size * cfg.seq_len // n * cfg.d_model * f32
-    per_block = 2 * (n - 1) * chunk + (2 * (n - 1) + 2 * n) * chunk
-    params = sum(p.numel() for p in build(cfg).parameters())
+    home = n if n > 1 else 0                    # the gradients' passes (none alone)
+    per_block = 2 * (n - 1) * chunk + (2 * (n - 1) + 2 * home) * chunk
+    with torch.random.fork_rng():                # counting leaves the caller's seed be
+        params = sum(p.numel() for p in build(cfg).parameters())
     ring = 2 * cfg.layers * per_block           # sent and received
     return {"ring": ring, "gradients": params * f32, "loss": f32,
             "total": ring + params * f32 + f32}

@@ -232,8 +232,9 @@ def library_step(rank: int, world_size: int, cfg: GPTConfig = GPTConfig(), batch
     from .tensor_parallel import device_mesh_of
     g, device = as_group(group), runtime.library_device()
     model = parallelize_module(build(cfg, seed).to(device), device_mesh_of(g), library_plan(cfg))
-    for block in model.blocks:
-        block.heads = cfg.heads // g.size        # each rank's q, k, v hold its heads only
+    heads = _split_size(cfg.heads, g.size, "the attention's heads")   # DTensor would
+    for block in model.blocks:                   # split unevenly, and cut through heads
+        block.heads = heads                      # each rank's q, k, v hold its heads only
     x, y = (t.to(device) for t in next(token_batches(cfg, batch_size, seed)))
     with span("DTensor forward + backward"), loss_parallel():
         logits = model(x)
