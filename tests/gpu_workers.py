@@ -26,6 +26,12 @@ def staged_ops(rank, world_size, force=True):
     out["all_gather"] = [t.cpu().numpy() for t in comm.all_gather(torch.tensor([float(rank)], device=device))]
     rs = torch.arange(2.0 * world_size, device=device) * (rank + 1)
     out["reduce_scatter"] = comm.reduce_scatter(rs).cpu().numpy()
+    even = torch.arange(world_size, dtype=torch.float32, device=device) + 10.0 * rank
+    out["all_to_all"] = comm.all_to_all(even)[0].cpu().numpy()
+    # uneven: member j gets j + 1 rows from every rank, the counts exchanged first
+    rows = torch.arange(world_size * (world_size + 1) // 2, dtype=torch.float32, device=device)
+    got, counts = comm.all_to_all(rows + 100.0 * rank, [j + 1 for j in range(world_size)])
+    out["all_to_all_uneven"] = (got.cpu().numpy(), counts)
     # a ring of messages: blocking send on even ranks, isend on odd ones
     right, left = (rank + 1) % world_size, (rank - 1) % world_size
     got = torch.zeros(2, device=device)
@@ -117,6 +123,12 @@ def check_staged_ops(out, expect_staging, expect_device):
         np.testing.assert_array_equal(r["broadcast"], [1.0] * 3)
         assert [float(a[0]) for a in r["all_gather"]] == [float(i) for i in range(n)]
         np.testing.assert_array_equal(r["reduce_scatter"], np.arange(2.0 * n)[2 * rank:2 * rank + 2] * total)
+        np.testing.assert_array_equal(r["all_to_all"], [rank + 10.0 * s for s in range(n)])
+        first = rank * (rank + 1) // 2                  # where member ``rank``'s rows start
+        got, counts = r["all_to_all_uneven"]
+        assert counts == [rank + 1] * n
+        np.testing.assert_array_equal(got, [first + i + 100.0 * s for s in range(n)
+                                            for i in range(rank + 1)])
         left = (rank - 1) % n
         np.testing.assert_array_equal(r["ring"], [left, 10.0 * left])
         np.testing.assert_array_equal(r["all_reduce_async"], [sum(range(n))] * 5)

@@ -39,7 +39,8 @@ from ..trace import COMM, WAIT, recorder, span
 from . import runtime
 from .groups import axis_of, pg_of
 
-__all__ = ["all_gather", "all_reduce", "all_reduce_async", "barrier", "broadcast", "get_rank",
+__all__ = ["all_gather", "all_reduce", "all_reduce_async", "all_to_all", "barrier", "broadcast",
+           "exchange_counts", "get_rank",
            "get_world_size", "isend", "recv", "recv_any", "reduce_scatter", "send", "wait_all"]
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
@@ -313,6 +314,57 @@ def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, group=None,
     if op == "avg":
         out /= world_size
     return out
+
+
+def all_to_all(tensor: torch.Tensor, send_counts=None, recv_counts=None, *, group=None,
+               name: str = "all_to_all") -> tuple[torch.Tensor, list[int]]:
+    """Send rows of ``tensor`` (dim 0) to every member and receive theirs: the first
+    ``send_counts[0]`` rows go to member 0, the next ``send_counts[1]`` to member 1, and
+    so on. Returns the rows received, in member order, and how many came from each.
+
+    Without counts the rows split evenly. A receiver must know how many rows to expect
+    before the data comes: given ``send_counts`` alone, the counts go first
+    (``exchange_counts``); give ``recv_counts`` too where they are known already (the
+    way back of an exchange).
+    """
+    n = get_world_size(group)
+    rows = tensor.shape[0]
+    if send_counts is None:
+        if rows % n:
+            raise ValueError(f"all_to_all splits dim 0 evenly over {n} members, but it has "
+                             f"{rows} rows: pass send_counts, or pad to a multiple of {n}")
+        send_counts = recv_counts = [rows // n] * n
+    else:
+        send_counts = [int(c) for c in send_counts]
+        if len(send_counts) != n or sum(send_counts) != rows or min(send_counts) < 0:
+            raise ValueError(f"all_to_all: send_counts must give {n} counts, none negative, "
+                             f"adding up to the tensor's {rows} rows; got {send_counts}")
+        if recv_counts is None:
+            recv_counts = exchange_counts(send_counts, group=group, name=f"{name} (counts)")
+    staged = _staged(tensor)
+    wire = _to_host(tensor, name) if staged else tensor.contiguous()
+    out = torch.empty((sum(recv_counts), *tensor.shape[1:]), dtype=tensor.dtype,
+                      device=wire.device)
+    key = collective_key(group, "all_to_all")
+    with _traced(name, nbytes(tensor), group, key=key):
+        dist.all_to_all_single(out, wire, list(recv_counts), send_counts, group=pg_of(group))
+    if staged:
+        back = torch.empty(out.shape, dtype=tensor.dtype, device=tensor.device)
+        _to_device(back, out, name)
+        out = back
+    return out, list(recv_counts)
+
+
+def exchange_counts(send_counts, *, group=None, name: str = "all_to_all (counts)") -> list[int]:
+    """How many rows each member will send this one, from how many this one sends each:
+    an all-to-all of one number per member."""
+    device = "cpu" if runtime.host_staging() in ("all", "cuda") else runtime.rank_device()
+    counts = torch.tensor([int(c) for c in send_counts], dtype=torch.int64, device=device)
+    got = torch.empty_like(counts)
+    key = collective_key(group, "all_to_all")
+    with _traced(name, nbytes(counts), group, key=key):
+        dist.all_to_all_single(got, counts, group=pg_of(group))
+    return got.tolist()
 
 
 def broadcast(tensor: torch.Tensor, src: int, *, group=None,

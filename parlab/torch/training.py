@@ -94,6 +94,20 @@ def set_flat_gradients(model: nn.Module, flat: torch.Tensor) -> None:
         offset += p.numel()
 
 
+def sum_gradients(params, group=None, name: str = "all_reduce (gradients)") -> None:
+    """Add ``params``' gradients over the group's ranks, in place: one all-reduce of them
+    all, flattened (the weights every rank holds whole while it computes a share of their
+    gradient: sequence and context parallelism's, the router of expert parallelism)."""
+    from . import comm
+    params = [p for p in params if p.grad is not None]
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    comm.all_reduce(flat, group=group, name=name)
+    offset = 0
+    for p in params:
+        p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+        offset += p.numel()
+
+
 # ------------------------------------------------------------------ results as numpy
 def to_numpy(t: torch.Tensor):
     """A host copy of a tensor as numpy, whatever device it is on."""

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ..trace import span
-from . import comm, runtime
+from . import comm, runtime, training
 from .groups import as_group
 from .tensor_parallel import _split_size
 from .transformer import GPTConfig, build, optimizer, token_batches
@@ -193,17 +193,6 @@ def context_parallel_model(cfg: GPTConfig, seed: int, group=None, layout: str = 
     return model
 
 
-def sync_grads(model, group=None) -> None:
-    """Sum the replicated weights' gradients over the ranks: one all-reduce."""
-    params = [p for p in model.parameters() if p.grad is not None]
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
-    comm.all_reduce(flat, group=group, name="all_reduce (gradients)")
-    offset = 0
-    for p in params:
-        p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
-        offset += p.numel()
-
-
 def expected_comm_bytes(cfg: GPTConfig, batch_size: int, world_size: int) -> dict:
     """Bytes each rank hands to communication per training step, from the formula: a
     message counts on the sending rank's isend and on the receiving rank's recv, so each
@@ -248,7 +237,7 @@ def train_cp(rank: int, world_size: int, cfg: GPTConfig = GPTConfig(), batch_siz
                                    reduction="sum") / (batch_size * cfg.seq_len)
         with span("backward"):
             loss.backward()
-            sync_grads(model, g)
+            training.sum_gradients(model.parameters(), g)
         if step == 0:
             out["first_logits"] = logits.detach().cpu().numpy().copy()
             out["first_grads"] = {n: p.grad.cpu().numpy().copy()

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import comm, runtime
+from . import comm, runtime, training
 from .groups import as_group
 from .tensor_parallel import _split_size
 from .transformer import GPTConfig, build, causal_attention, merge_heads, split_heads
@@ -137,14 +137,9 @@ def replicated_parameters(model: SequenceParallelGPT) -> list:
 
 def sync_replicated_grads(model: SequenceParallelGPT) -> None:
     """Add the replicated parameters' gradients over the ranks: each rank's is the sum
-    over its positions only. One all-reduce of them all, flattened."""
-    params = replicated_parameters(model)
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
-    comm.all_reduce(flat, group=model.group, name="all_reduce (norms' gradients)")
-    offset = 0
-    for p in params:
-        p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
-        offset += p.numel()
+    over its positions only."""
+    training.sum_gradients(replicated_parameters(model), model.group,
+                           "all_reduce (norms' gradients)")
 
 
 def expected_comm_bytes(cfg: GPTConfig, batch_size: int, world_size: int) -> dict:
