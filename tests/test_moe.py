@@ -82,8 +82,35 @@ def test_the_balance_loss_is_one_when_the_router_spreads_evenly():
 
 
 def test_bad_settings_say_what_to_change():
+    with pytest.raises(ValueError, match="applies no capacity: set MoEConfig\\(capacity_factor=None\\)"):
+        moe.ExpertParallelMoE(moe.build(moe.MoEConfig(capacity_factor=1.0)).moe, tp.layout(2))
     with pytest.raises(ValueError, match="top_k must be between 1 and experts \\(8\\), got 9"):
         moe.MoEConfig(top_k=9)
     with pytest.raises(ValueError, match="the experts has 8 units, which do not split evenly "
                                          "over 3 devices"):
         moe.ExpertParallelMoE(moe.build(CFG).moe, tp.layout(3))
+
+
+def test_a_rank_whose_experts_get_no_tokens_still_takes_part():
+    import torch.nn.functional as F
+    import workers
+
+    import parlab
+    from parlab.torch import training
+    out = parlab.launch(workers.moe_starved_rank, 2, timeout=60)
+    dense = moe.build(CFG)
+    workers.starve(dense.moe.router, CFG.experts // 2)
+    x, y = training.on_device(*next(training.digit_batches("mlp", BATCH)), "cpu")
+    logits, aux, _ = dense(x)
+    (F.cross_entropy(logits, y) + CFG.aux_weight * aux).backward()
+    assert all(sum(r["per_expert"][4:]) == 0 for r in out.results)
+    for r in out.results:
+        np.testing.assert_allclose(r["router_grad"], dense.moe.router.weight.grad, atol=TOL)
+
+
+def test_the_router_learns_from_the_task_with_one_expert_a_token():
+    model = moe.build(moe.MoEConfig(top_k=1, aux_weight=0.0))
+    x = torch.rand(16, CFG.d_in, generator=torch.Generator().manual_seed(0))
+    logits, _, _ = model(x)
+    logits.sum().backward()
+    assert model.moe.router.weight.grad.abs().max() > 1e-4

@@ -252,3 +252,30 @@ def tf_cluster_then_die(rank, world_size, pid_file):
     with open(pid_file, "w") as fh:
         fh.write("\n".join(str(c.pid) for c in servers))
     os.kill(os.getpid(), signal.SIGKILL)  # like a coordinator that crashes hard
+
+
+def moe_starved_rank(rank, world_size, batch_size=64):
+    """One expert-parallel step whose router never picks the last rank's experts: that
+    rank computes nothing, and must still take part in every backward all-to-all."""
+    import torch.nn.functional as F
+
+    from parlab.torch import moe, training
+    cfg = moe.MoEConfig()
+    model = moe.expert_parallel_model(cfg, 0)
+    starve(model.moe.router, cfg.experts // world_size)
+    rows = slice(rank * batch_size // world_size, (rank + 1) * batch_size // world_size)
+    x, y = training.on_device(*next(training.digit_batches("mlp", batch_size)), "cpu", rows)
+    logits, aux, per_expert = model(x)
+    loss = F.cross_entropy(logits, y, reduction="sum") / batch_size + cfg.aux_weight * aux
+    loss.backward()
+    training.sum_gradients(moe.replicated_parameters(model))
+    return {"router_grad": model.moe.router.weight.grad.numpy().copy(),
+            "per_expert": per_expert.tolist()}
+
+
+def starve(router, last: int):
+    """Make a router's last ``last`` experts never chosen (the digits' features are >= 0
+    after the layer in)."""
+    import torch
+    with torch.no_grad():
+        router.weight[-last:] = -10.0

@@ -330,6 +330,8 @@ def all_to_all(tensor: torch.Tensor, send_counts=None, recv_counts=None, *, grou
     n = get_world_size(group)
     rows = tensor.shape[0]
     if send_counts is None:
+        if recv_counts is not None:
+            raise ValueError("all_to_all: recv_counts needs send_counts")
         if rows % n:
             raise ValueError(f"all_to_all splits dim 0 evenly over {n} members, but it has "
                              f"{rows} rows: pass send_counts, or pad to a multiple of {n}")
@@ -341,6 +343,9 @@ def all_to_all(tensor: torch.Tensor, send_counts=None, recv_counts=None, *, grou
                              f"adding up to the tensor's {rows} rows; got {send_counts}")
         if recv_counts is None:
             recv_counts = exchange_counts(send_counts, group=group, name=f"{name} (counts)")
+        elif len(recv_counts) != n or min(recv_counts) < 0:
+            raise ValueError(f"all_to_all: recv_counts must give {n} counts, none negative; "
+                             f"got {list(recv_counts)}")
     staged = _staged(tensor)
     wire = _to_host(tensor, name) if staged else tensor.contiguous()
     out = torch.empty((sum(recv_counts), *tensor.shape[1:]), dtype=tensor.dtype,

@@ -3,16 +3,19 @@
 A mixture-of-experts layer (Shazeer et al. 2017) holds E expert MLPs and a router. For
 each token the router gives a probability per expert; the token goes to its top k
 experts, and their outputs are added, weighted by the router's probabilities renormalised
-over those k. Every token pays for k experts, whatever E is: parameters grow with E,
-compute does not.
+over those k (for k = 1 the probability itself, as Switch does, so that the task's loss
+still trains the router). Every token pays for k experts, whatever E is: parameters grow
+with E, compute only by the router's E outputs.
 
 * **Capacity** (GShard, Lepikhin et al. 2020; Switch, Fedus et al. 2021): an expert
   takes at most C = ceil(capacity_factor · tokens · k / E) assignments per batch, first
   choices before second ones; the rest are dropped (the token's output lacks that
-  expert's share). ``capacity_factor=None``: no limit.
+  expert's share). ``capacity_factor=None``: no limit. Here the batch is one group; the
+  papers count capacity per group of tokens on a device.
 * **Load balancing** (Switch, eq. 4): the auxiliary loss E · sum_e f_e · P_e, with f_e
-  the share of assignments expert e got and P_e its mean router probability, is 1 when
-  the router spreads tokens evenly and grows as it favours some experts.
+  the share of assignments expert e got (Switch counts first choices; here every one of
+  the k) and P_e its mean router probability. It is 1 when the assignments spread
+  evenly, and grows as assignments and probability pile onto the same experts.
 
 **Expert parallelism** puts E / n experts on each of n ranks; everything else is
 replicated, and each rank takes its own tokens, as in data parallel. A rank sends each
@@ -73,26 +76,31 @@ def kept_assignments(experts_of, experts: int, capacity: int | None):
     return (place < capacity).reshape(experts_of.shape[1], -1).t()
 
 
-def balance_loss(probs, experts_of, experts: int, counts=None, tokens=None):
-    """Switch's auxiliary loss E · sum_e f_e P_e. ``counts`` and ``tokens``: the global
-    assignment counts and token count where the batch is spread over ranks (then the
-    probabilities' sum is all-reduced, its gradient each rank's own)."""
+def balance_loss(probs, experts_of, experts: int, *, group=None, counts=None, tokens=None):
+    """Switch's auxiliary loss E · sum_e f_e P_e. Where the batch is spread over the ranks
+    of ``group``: ``counts`` and ``tokens``, the group's assignment counts and token count
+    (``experts_of`` then unused), and the probabilities' sum all-reduced over the group,
+    each rank's gradient its own tokens'."""
     if counts is None:
         counts = torch.bincount(experts_of.reshape(-1), minlength=experts).to(probs.dtype)
         tokens = probs.shape[0]
         prob_sum = probs.sum(0)
     else:
-        prob_sum = reduce_from_parallel(probs.sum(0))
+        if tokens is None:
+            raise ValueError("balance_loss: give tokens (the group's count) with counts")
+        prob_sum = reduce_from_parallel(probs.sum(0), group)
     share = counts / counts.sum()
     return experts * (share * prob_sum / tokens).sum()
 
 
 def route(router: nn.Linear, x, top_k: int):
     """(probabilities (tokens, E), weights (tokens, k), experts (tokens, k)): each token's
-    top k experts, weighted by their probabilities renormalised over the k."""
+    top k experts, weighted by their probabilities renormalised over the k (k = 1: the
+    probability itself)."""
     probs = router(x).softmax(-1)
     top, experts_of = probs.topk(top_k, dim=-1)
-    return probs, top / top.sum(-1, keepdim=True), experts_of
+    weights = top if top_k == 1 else top / top.sum(-1, keepdim=True)
+    return probs, weights, experts_of
 
 
 class MoE(nn.Module):
@@ -127,9 +135,9 @@ class Classifier(nn.Module):
         self.inp, self.moe = nn.Linear(cfg.d_in, cfg.d_model), MoE(cfg)
         self.out = nn.Linear(cfg.d_model, cfg.classes)
 
-    def forward(self, x, moe=None):
+    def forward(self, x):
         h = F.relu(self.inp(x))
-        mixed, aux, per_expert = (moe or self.moe)(h)
+        mixed, aux, per_expert = self.moe(h)
         return self.out(h + mixed), aux, per_expert
 
 
@@ -186,13 +194,17 @@ class ExpertParallelMoE(nn.Module):
         super().__init__()
         g = self.group = as_group(group)
         self.cfg = dense.cfg
+        if dense.cfg.capacity_factor is not None:
+            raise ValueError("expert parallelism here applies no capacity: set "
+                             "MoEConfig(capacity_factor=None)")
         self.local = _split_size(dense.cfg.experts, g.size, "the experts")
         self.first = g.index * self.local
         self.router = dense.router
         self.experts = nn.ModuleList(dense.experts[self.first:self.first + self.local])
 
     def forward(self, x):
-        """Every assignment sent to its expert's rank, computed there, sent back."""
+        """Every assignment sent to its expert's rank, computed there, sent back: (output,
+        auxiliary loss, this rank's assignments per expert)."""
         g, cfg = self.group, self.cfg
         probs, weights, experts_of = route(self.router, x, cfg.top_k)
         flat = experts_of.reshape(-1)                        # token-major: (token, choice)
@@ -203,7 +215,9 @@ class ExpertParallelMoE(nn.Module):
         recv = comm.exchange_counts(send, group=g)
         rows = _AllToAll.apply(x[token], send, recv, g, "all_to_all (dispatch)")
         ids, _ = comm.all_to_all(flat[order], send, recv, group=g, name="all_to_all (experts)")
-        done = torch.zeros_like(rows)
+        # in the graph even if this rank's experts got nothing: the combine's backward
+        # all-to-all must run on every rank, or the others wait for it forever
+        done = rows * 0.0
         for i, expert in enumerate(self.experts):
             mine = (ids == self.first + i).nonzero(as_tuple=True)[0]
             if len(mine):
@@ -212,7 +226,8 @@ class ExpertParallelMoE(nn.Module):
         out = torch.zeros_like(x).index_add(0, token, back * weights.reshape(-1)[order, None])
         counts = comm.all_reduce(per_expert.to(probs.dtype), group=g, name="all_reduce (counts)")
         tokens = x.shape[0] * g.size
-        return out, balance_loss(probs, experts_of, cfg.experts, counts, tokens), per_expert
+        aux = balance_loss(probs, experts_of, cfg.experts, group=g, counts=counts, tokens=tokens)
+        return out, aux, per_expert
 
 
 def expert_parallel_model(cfg: MoEConfig, seed: int, group=None) -> Classifier:

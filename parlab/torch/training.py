@@ -97,9 +97,16 @@ def set_flat_gradients(model: nn.Module, flat: torch.Tensor) -> None:
 def sum_gradients(params, group=None, name: str = "all_reduce (gradients)") -> None:
     """Add ``params``' gradients over the group's ranks, in place: one all-reduce of them
     all, flattened (the weights every rank holds whole while it computes a share of their
-    gradient: sequence and context parallelism's, the router of expert parallelism)."""
+    gradient: sequence and context parallelism's, what expert parallelism replicates).
+    Every rank must pass the same parameters, each with a gradient."""
     from . import comm
-    params = [p for p in params if p.grad is not None]
+    params = list(params)
+    missing = [i for i, p in enumerate(params) if p.grad is None]
+    if missing:
+        raise ValueError(f"sum_gradients: parameters {missing} have no gradient on this "
+                         "rank; every rank must add the same ones")
+    if not params:
+        return
     flat = torch.cat([p.grad.reshape(-1) for p in params])
     comm.all_reduce(flat, group=group, name=name)
     offset = 0
