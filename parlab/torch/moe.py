@@ -187,6 +187,10 @@ class _AllToAll(torch.autograd.Function):
         return back, None, None, None, None
 
 
+def expert_span(e: int) -> str:
+    return f"expert {e}"
+
+
 class ExpertParallelMoE(nn.Module):
     """This rank's E / n experts of a dense ``MoE`` and a copy of its router."""
 
@@ -221,7 +225,8 @@ class ExpertParallelMoE(nn.Module):
         for i, expert in enumerate(self.experts):
             mine = (ids == self.first + i).nonzero(as_tuple=True)[0]
             if len(mine):
-                done = done.index_add(0, mine, expert(rows[mine]))
+                with span(expert_span(self.first + i)):     # a hot expert shows as a long one
+                    done = done.index_add(0, mine, expert(rows[mine]))
         back = _AllToAll.apply(done, recv, send, g, "all_to_all (combine)")
         out = torch.zeros_like(x).index_add(0, token, back * weights.reshape(-1)[order, None])
         counts = comm.all_reduce(per_expert.to(probs.dtype), group=g, name="all_reduce (counts)")
