@@ -4,7 +4,7 @@ regions are split along the sequence too.
 
 Under tensor parallelism alone, every rank holds the residual stream, the layer norms'
 inputs and outputs whole: batch · seq_len · d_model floats each, on every rank. Here each
-rank holds its seq_len / n positions of them. The exchange changes shape, not size:
+rank holds its seq_len / n positions of them. The exchanges change shape:
 
 * where tensor parallelism all-reduced a row layer's partial sums (g), a
   **reduce-scatter** along the sequence adds them and leaves each rank its positions;
@@ -15,9 +15,9 @@ rank holds its seq_len / n positions of them. The exchange changes shape, not si
 An all-reduce is a reduce-scatter followed by an all-gather (ring algorithm), so the
 forward pass moves the same bytes; what each rank keeps between them is 1/n. Backward,
 each gathered input is gathered again (it was kept by position): 2L + 1 all-gathers more
-than tensor parallelism, about 1.25x its bytes on the links. The norms,
-the position embedding and the row layers' biases now see only this rank's positions:
-their gradients are partial sums, added over the ranks once after the backward pass
+than tensor parallelism, about 1.25x its bytes on the links. The norms, the position
+embedding and the row layers' biases now see only this rank's positions: their gradients
+are partial sums, added over the ranks once after the backward pass
 (``sync_replicated_grads``).
 
 Activations are laid out (seq_len, batch, d_model) inside the model, as Megatron-LM
