@@ -268,7 +268,7 @@ def moe_starved_rank(rank, world_size, batch_size=64):
     logits, aux, per_expert = model(x)
     loss = F.cross_entropy(logits, y, reduction="sum") / batch_size + cfg.aux_weight * aux
     loss.backward()
-    training.sum_gradients(moe.replicated_parameters(model))
+    training.all_reduce_gradients(moe.replicated_parameters(model))
     return {"router_grad": model.moe.router.weight.grad.numpy().copy(),
             "per_expert": per_expert.tolist()}
 

@@ -140,9 +140,7 @@ def average_replicas(model: nn.Module, group, bucket: bool = True) -> None:
     if not bucket:
         data_parallel.average_gradients(model, group)
         return
-    flat = training.flat_gradients(model)
-    comm.all_reduce(flat, op="avg", group=group, name="dp all_reduce")
-    training.set_flat_gradients(model, flat)
+    training.all_reduce_gradients(model, group, op="avg", name="dp all_reduce")
 
 
 def replica_batches(model: str, global_batch: int, rows: slice):

@@ -208,7 +208,7 @@ class ExpertParallelMoE(nn.Module):
 
     def forward(self, x):
         """Every assignment sent to its expert's rank, computed there, sent back: (output,
-        auxiliary loss, this rank's assignments per expert)."""
+        auxiliary loss, the assignments each expert took from the whole group's batch)."""
         g, cfg = self.group, self.cfg
         probs, weights, experts_of = route(self.router, x, cfg.top_k)
         flat = experts_of.reshape(-1)                        # token-major: (token, choice)
@@ -229,10 +229,11 @@ class ExpertParallelMoE(nn.Module):
                     done = done.index_add(0, mine, expert(rows[mine]))
         back = _AllToAll.apply(done, recv, send, g, "all_to_all (combine)")
         out = torch.zeros_like(x).index_add(0, token, back * weights.reshape(-1)[order, None])
-        counts = comm.all_reduce(per_expert.to(probs.dtype), group=g, name="all_reduce (counts)")
+        counts = comm.all_reduce(per_expert, group=g, name="all_reduce (counts)")
         tokens = x.shape[0] * g.size
-        aux = balance_loss(probs, experts_of, cfg.experts, group=g, counts=counts, tokens=tokens)
-        return out, aux, per_expert
+        aux = balance_loss(probs, experts_of, cfg.experts, group=g,
+                           counts=counts.to(probs.dtype), tokens=tokens)
+        return out, aux, counts
 
 
 def expert_parallel_model(cfg: MoEConfig, seed: int, group=None) -> Classifier:
@@ -268,15 +269,14 @@ def train_ep(rank: int, world_size: int, cfg: MoEConfig = MoEConfig(), batch_siz
             loss = ce + cfg.aux_weight * aux
         with span("backward"):
             loss.backward()
-            training.sum_gradients(replicated_parameters(model), g)
+            training.all_reduce_gradients(replicated_parameters(model), g)
         if step == 0:
             out["first_grads"] = _dense_names(training.grads_numpy(model), model.moe)
         with span("update"):
             opt.step()
         total = comm.all_reduce(ce.detach().reshape(1).clone(), group=g, name="all_reduce (loss)")
         out["losses"].append(total.item() + cfg.aux_weight * aux.item())
-        out["per_expert"].append(comm.all_reduce(per_expert.clone(), group=g,
-                                                 name="all_reduce (per expert)").tolist())
+        out["per_expert"].append(per_expert.tolist())
     out["weights"] = _dense_names(training.state_numpy(model), model.moe)
     return out
 

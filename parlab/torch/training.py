@@ -75,9 +75,16 @@ def flat_parameters(model: nn.Module) -> torch.Tensor:
     return torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
 
 
-def flat_gradients(model: nn.Module) -> torch.Tensor:
-    """All gradients as one new 1-D tensor, in parameter order."""
-    return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+def _params(model_or_params):
+    if isinstance(model_or_params, nn.Module):
+        return list(model_or_params.parameters())
+    return list(model_or_params)
+
+
+def flat_gradients(model) -> torch.Tensor:
+    """All gradients as one new 1-D tensor, in parameter order (of a module, or of a
+    list of parameters)."""
+    return torch.cat([p.grad.reshape(-1) for p in _params(model)])
 
 
 def load_flat(model: nn.Module, flat: torch.Tensor) -> None:
@@ -86,33 +93,34 @@ def load_flat(model: nn.Module, flat: torch.Tensor) -> None:
                                         model.parameters())
 
 
-def set_flat_gradients(model: nn.Module, flat: torch.Tensor) -> None:
-    """Copy a flat vector into the model's gradients (after averaging it elsewhere)."""
+def set_flat_gradients(model, flat: torch.Tensor) -> None:
+    """Copy a flat vector into the gradients of a module (or of a list of parameters),
+    after averaging it elsewhere."""
     offset = 0
-    for p in model.parameters():
+    for p in _params(model):
         p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
         offset += p.numel()
 
 
-def sum_gradients(params, group=None, name: str = "all_reduce (gradients)") -> None:
-    """Add ``params``' gradients over the group's ranks, in place: one all-reduce of them
-    all, flattened (the weights every rank holds whole while it computes a share of their
-    gradient: sequence and context parallelism's, what expert parallelism replicates).
-    Every rank must pass the same parameters, each with a gradient."""
+def all_reduce_gradients(model, group=None, op: str = "sum",
+                         name: str = "all_reduce (gradients)") -> None:
+    """All-reduce the gradients of a module (or of a list of parameters) over the group's
+    ranks, in place: one all-reduce of them all, flattened, as DDP's buckets do. "sum"
+    for the weights every rank holds whole while it computes a share of their gradient
+    (sequence and context parallelism's, what expert parallelism replicates); "avg" for
+    data parallel's replicas. Every rank must pass the same parameters, each with a
+    gradient."""
     from . import comm
-    params = list(params)
+    params = _params(model)
     missing = [i for i, p in enumerate(params) if p.grad is None]
     if missing:
-        raise ValueError(f"sum_gradients: parameters {missing} have no gradient on this "
-                         "rank; every rank must add the same ones")
+        raise ValueError(f"all_reduce_gradients: parameters {missing} have no gradient on "
+                         "this rank; every rank must add the same ones")
     if not params:
         return
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
-    comm.all_reduce(flat, group=group, name=name)
-    offset = 0
-    for p in params:
-        p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
-        offset += p.numel()
+    flat = flat_gradients(params)
+    comm.all_reduce(flat, op=op, group=group, name=name)
+    set_flat_gradients(params, flat)
 
 
 # ------------------------------------------------------------------ results as numpy

@@ -47,13 +47,19 @@ class GPTConfig:
         return 4 * self.d_model
 
 
+def mask_future(scores):
+    """Scores (..., t, t) with each query's later keys set to -inf: a position sees
+    itself and the positions before it."""
+    t = scores.shape[-1]
+    future = torch.ones(t, t, dtype=torch.bool, device=scores.device).triu(1)
+    return scores.masked_fill(future, float("-inf"))
+
+
 def causal_attention(q, k, v):
     """Softmax(q k^T / sqrt(d)) v over the heads in dim 1, each position seeing itself
     and the positions before it (Vaswani et al. 2017, eq. 1, masked)."""
-    t = q.shape[-2]
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    mask = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
-    return scores.masked_fill(mask, float("-inf")).softmax(-1) @ v
+    return mask_future(scores).softmax(-1) @ v
 
 
 def split_heads(x, heads: int):

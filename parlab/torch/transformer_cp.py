@@ -29,7 +29,7 @@ from ..trace import span
 from . import comm, runtime, training
 from .groups import as_group
 from .tensor_parallel import _split_size
-from .transformer import GPTConfig, build, optimizer, token_batches
+from .transformer import GPTConfig, build, mask_future, optimizer, token_batches
 
 TAG_K, TAG_V, TAG_DK, TAG_DV = 11, 12, 13, 14
 ATTENTION, ATTENTION_BACKWARD = "attention block", "attention block (backward)"
@@ -92,18 +92,12 @@ def attention_blocks(world_size: int, layout: str = "contiguous") -> list[float]
             for r in range(world_size)]
 
 
-def _causal(scores):
-    t = scores.shape[-1]
-    return scores.masked_fill(torch.ones(t, t, dtype=torch.bool, device=scores.device)
-                              .triu(1), float("-inf"))
-
-
 def _block(q, k, v, diagonal: bool):
     """Attention of q to one chunk of keys: (output, log-sum-exp per query); on the
     diagonal block a query sees itself and the keys before it."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     if diagonal:
-        scores = _causal(scores)
+        scores = mask_future(scores)
     lse = scores.logsumexp(-1)
     return (scores - lse.unsqueeze(-1)).exp() @ v, lse
 
@@ -114,7 +108,7 @@ def _block_grads(q, k, v, grad_out, lse, delta, diagonal: bool):
     backward does (Dao 2023)."""
     scale = 1 / math.sqrt(q.shape[-1])
     scores = q @ k.transpose(-2, -1) * scale
-    p = ((_causal(scores) if diagonal else scores) - lse.unsqueeze(-1)).exp()
+    p = ((mask_future(scores) if diagonal else scores) - lse.unsqueeze(-1)).exp()
     ds = p * (grad_out @ v.transpose(-2, -1) - delta)
     return ds @ k * scale, ds.transpose(-2, -1) @ q * scale, p.transpose(-2, -1) @ grad_out
 
@@ -237,7 +231,7 @@ def train_cp(rank: int, world_size: int, cfg: GPTConfig = GPTConfig(), batch_siz
                                    reduction="sum") / (batch_size * cfg.seq_len)
         with span("backward"):
             loss.backward()
-            training.sum_gradients(model.parameters(), g)
+            training.all_reduce_gradients(model, g)
         if step == 0:
             out["first_logits"] = logits.detach().cpu().numpy().copy()
             out["first_grads"] = {n: p.grad.cpu().numpy().copy()

@@ -138,8 +138,8 @@ def replicated_parameters(model: SequenceParallelGPT) -> list:
 def sync_replicated_grads(model: SequenceParallelGPT) -> None:
     """Add the replicated parameters' gradients over the ranks: each rank's is the sum
     over its positions only."""
-    training.sum_gradients(replicated_parameters(model), model.group,
-                           "all_reduce (norms' gradients)")
+    training.all_reduce_gradients(replicated_parameters(model), model.group,
+                                  name="all_reduce (norms' gradients)")
 
 
 def expected_comm_bytes(cfg: GPTConfig, batch_size: int, world_size: int) -> dict:
