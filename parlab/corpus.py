@@ -15,6 +15,7 @@ ends with a full stop. A model that learns these beats the unigram model on held
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -57,9 +58,16 @@ def vocabulary() -> list[str]:
     return list(dict.fromkeys(words))
 
 
+@functools.lru_cache(maxsize=None)
+def _zipf_cdf(n: int) -> np.ndarray:
+    cdf = (1.0 / np.arange(1, n + 1)).cumsum()
+    return cdf / cdf[-1]
+
+
 def _zipf(words: list[str], rng) -> str:
-    weights = 1.0 / np.arange(1, len(words) + 1)
-    return words[rng.choice(len(words), p=weights / weights.sum())]
+    """The k-th word with probability proportional to 1/k: ``rng.choice(p=...)``'s own
+    draw (one uniform number, looked up in the cumulative weights), without its checks."""
+    return words[int(_zipf_cdf(len(words)).searchsorted(rng.random(), side="right"))]
 
 
 def _noun_phrase(kind: str, rng) -> list[str]:
@@ -83,6 +91,11 @@ def sentence(rng) -> list[str]:
 
 def tokens(count: int, seed: int = 0) -> np.ndarray:
     """``count`` token ids of running text, sentence after sentence (int64)."""
+    return _tokens(count, seed).copy()
+
+
+@functools.lru_cache(maxsize=8)         # generating 200,000 words takes seconds
+def _tokens(count: int, seed: int) -> np.ndarray:
     ids = {w: i for i, w in enumerate(vocabulary())}
     rng = np.random.default_rng(seed)
     out: list[int] = []

@@ -1,139 +1,143 @@
-"""Lab 10's lessons: each check says "shown" on numbers that show its claim and "not
-shown", with the measured reason, on planted numbers that contradict it (no ranks start)."""
-import copy
+"""Lab 10's lessons and exercises: each check says "shown" on numbers that show its claim
+and "not shown", with the reason, on planted numbers that contradict it; the functions
+that read a run are checked on a real run of 2 ranks; the exercises' checks say what is
+wrong with a wrong answer."""
+import numpy as np
+import pytest
+import torch
 
-from parlab.course import lab10, lessons
+from parlab.course import lab10, lab10_exercises, lessons
+from parlab.course.lab10_exercises import merge_partials, sp_mlp
+from parlab.torch import comm
+from parlab.torch.transformer import GPTConfig
 
-
-def learned(disc=0.89, square=0.87):
-    return {"iou": {1: disc, 2: square}, "iou_background": {1: 0.0, 2: 0.0},
-            "iou_before": {1: 0.0, 2: 0.05}, "epochs": 30, "loss": (1.11, 0.03),
-            "pixel_accuracy": 0.98, "background_share": 0.858}
-
-
-def test_learning_shown_when_both_shapes_pass_half():
-    v = lessons.evaluate("10.unet_learns_the_shapes", learned())
-    assert v.shown and "disc IoU 0.89 (background everywhere: 0.00" in v.figures
-    assert "square IoU 0.87" in v.figures
+SMALL = GPTConfig(vocab=64, seq_len=32, d_model=32, heads=2, layers=2)
 
 
-def test_learning_not_shown_when_a_shape_stays_below_half():
-    v = lessons.evaluate("10.unet_learns_the_shapes", learned(square=0.31))
-    assert not v.shown and "square below 0.5 after 30 epochs" in v.why
-    assert "loss went from 1.110 to 0.030" in v.why
+@pytest.fixture(scope="module")
+def small_run():
+    run = lab10.run_strategies(devices=_two(), cfg=SMALL, batch_size=2, steps=3)
+    ref = lab10.reference(SMALL, batch_size=2, steps=3)
+    return run, ref
 
 
-def equal(**off):
-    eq = {p: {"loss": 1e-7, "grads": 9e-8, "params": 3e-6, "replicas_identical": True, "steps": 8}
-          for p in ("dp", "pp", "dp_pp")}
-    for plan, changes in off.items():
-        eq[plan].update(changes)
-    return {"equivalence": eq}
+def _two():
+    import parlab
+    return parlab.devices(2)
 
 
-def test_equivalence_shown_within_the_tolerances():
-    v = lessons.evaluate("10.strategies_equal_one_device", equal())
-    assert v.shown and "dp 4: loss 1.0e-07, gradients 9.0e-08" in v.figures
+def test_every_split_of_a_real_run_equals_one_device_and_its_formula(small_run):
+    run, ref = small_run
+    m = lab10.strategy_numbers(run, ref)
+    assert set(m["equivalence"]) == {"tp", "sp", "cp_contiguous", "cp_zigzag", "library"}
+    assert m["equivalence"]["library"]["weights"] is None          # one step, no weights
+    assert lessons.evaluate("10.strategies_equal_one_device", m).shown
+    for name, row in m["comm"].items():
+        assert row["traced"] == row["formula"], name
+    assert m["comm"]["tp"]["sent"] > 0 and "sent" not in m["comm"]["cp_zigzag"]
+    assert lessons.evaluate("10.bytes_match_formulas", m).shown
+    saved = m["memory"]["saved"]
+    assert saved["tp"] - saved["sp"] == pytest.approx(m["memory"]["norms_region"] / 2, rel=1e-6)
+    assert saved["one device"] > saved["tp"] > saved["sp"] > saved["cp_zigzag"]
+    assert lessons.evaluate("10.sp_cuts_activation_memory", m).shown
+    assert set(m["work"]) == {"contiguous", "zigzag"} and all(len(v) == 2 for v in m["work"].values())
+    assert all(t > 0 for v in m["work"].values() for t in v)
 
 
-def test_equivalence_not_shown_names_the_plan_and_what_is_off():
-    v = lessons.evaluate("10.strategies_equal_one_device",
-                         equal(dp_pp={"loss": 3e-3}, dp={"replicas_identical": False}))
+def test_the_figures_of_a_run_draw(small_run):
+    run, _ = small_run
+    work = lab10.attention_work(lab10.replayed(run), run)
+    assert lab10.plot_attention_work(work) is not None
+    assert lab10.plot_ring(run) is not None and lab10.plot_ring(run, measured=True) is not None
+
+
+def numbers(**over):
+    base = {"equivalence": {"tp": {"loss": 1e-6, "logits": 1e-6, "gradients": 1e-8, "weights": 1e-7},
+                            "library": {"loss": 1e-6, "logits": 1e-6, "gradients": 1e-8,
+                                        "weights": None}},
+            "comm": {"tp": {"traced": 100.0, "formula": 100}, "cp_zigzag": {"traced": 50.0,
+                                                                              "formula": 50}},
+            "memory": {"saved": {"one device": 100, "tp": 40, "sp": 25, "cp_zigzag": 20},
+                       "norms_region": 20, "devices": 4},
+            "work": {"contiguous": [1.0, 2.0, 3.0, 4.0], "zigzag": [2.5, 2.5, 2.6, 2.55]},
+            "devices": 4}
+    base.update(over)
+    return base
+
+
+def test_the_checks_show_their_claims_on_numbers_that_show_them():
+    for name in ("10.strategies_equal_one_device", "10.bytes_match_formulas",
+                 "10.sp_cuts_activation_memory", "10.zigzag_balances_the_ring"):
+        v = lessons.evaluate(name, numbers())
+        assert v.shown, v
+    v = lessons.evaluate("10.zigzag_balances_the_ring", numbers())
+    assert v.source.startswith("replayed on 4 dedicated devices")
+    assert "contiguous 4.00x" in v.figures and "zigzag 1.04x" in v.figures
+
+
+def test_the_checks_say_why_on_numbers_that_contradict_them():
+    bad = numbers(equivalence={"sp": {"loss": 3e-5, "logits": 0, "gradients": 0, "weights": 0}})
+    v = lessons.evaluate("10.strategies_equal_one_device", bad)
+    assert not v.shown and v.why.startswith("sp differ from one device")
+    v = lessons.evaluate("10.bytes_match_formulas",
+                         numbers(comm={"tp": {"traced": 104.0, "formula": 100}}))
+    assert not v.shown and v.why == "tp off the formula"
+    v = lessons.evaluate("10.sp_cuts_activation_memory", numbers(
+        memory={"saved": {"one device": 100, "tp": 40, "sp": 35, "cp_zigzag": 20},
+                "norms_region": 20, "devices": 4}))
     assert not v.shown
-    assert "dp 2 × pp 2 its loss curve" in v.why and "dp 4 its replicas differ" in v.why
+    v = lessons.evaluate("10.zigzag_balances_the_ring",
+                         numbers(work={"contiguous": [1, 2, 3, 4], "zigzag": [2, 2, 2, 2.4]}))
+    assert not v.shown and "zigzag 1.20x" in v.figures
+    v = lessons.evaluate("10.zigzag_balances_the_ring",
+                         numbers(work={"contiguous": [1, 1.2, 1.5, 1.9], "zigzag": [2, 2, 2, 2]}))
+    assert not v.shown and "contiguous 1.90x" in v.figures
 
 
-def cut(traced_b=32768.0, e1=131072.0):
-    forward = {"e1": e1, "e2": 65536.0, "b": traced_b}
-    return {"traced": {"forward": forward, "backward": dict(forward)}, "micro_batch": 4,
-            "cut": 3, "formula": {"e1": 131072, "e2": 65536, "b": 32768},
-            "cut_bytes": 229376.0, "skips": ["e1", "e2"]}
+def test_the_model_learns_check_reads_the_baseline():
+    assert lessons.evaluate("10.model_learns", {"held_out": 2.0, "unigram": 3.6,
+                                                "uniform": 4.8}).shown
+    v = lessons.evaluate("10.model_learns", {"held_out": 3.3, "unigram": 3.6, "uniform": 4.8})
+    assert not v.shown and "held-out 3.30" in v.figures
 
 
-def test_skips_shown_when_the_traced_bytes_are_the_formula():
-    v = lessons.evaluate("10.skips_cross_the_cut", cut())
-    assert v.shown and "e1 131,072 B (formula 131,072)" in v.figures
-    assert "the skips e1, e2: 86% of 229,376 B" in v.figures and "back the same" in v.figures
+# ------------------------------------------------------------------ exercises
+def test_the_merge_check_accepts_the_reference_and_names_each_mistake(capsys):
+    assert lab10.check_merge(merge_partials) is merge_partials
+    assert "correct" in capsys.readouterr().out
+
+    def averaged(out_a, lse_a, out_b, lse_b):
+        return (out_a + out_b) / 2, torch.logaddexp(lse_a, lse_b)
+
+    def overflowing(out_a, lse_a, out_b, lse_b):
+        sa, sb = torch.exp(lse_a), torch.exp(lse_b)
+        return ((sa.unsqueeze(-1) * out_a + sb.unsqueeze(-1) * out_b) / (sa + sb).unsqueeze(-1),
+                torch.log(sa + sb))
+
+    def unfilled(*args):
+        raise NotImplementedError
+
+    for fn, said in ((averaged, "you averaged the two outputs"),
+                     (overflowing, "large scores: the output has inf or NaN"),
+                     (unfilled, "not attempted yet")):
+        assert lab10.check_merge(fn) is merge_partials
+        assert said in capsys.readouterr().out
 
 
-def test_skips_not_shown_when_a_tensor_was_not_sent():
-    planted = cut()
-    del planted["traced"]["forward"]["e2"], planted["traced"]["backward"]["e2"]
-    v = lessons.evaluate("10.skips_cross_the_cut", planted)
-    assert not v.shown and "forward e2: traced 0, formula 65,536" in v.why
+def test_the_sp_mlp_check_runs_on_ranks_and_names_the_missing_collective(capsys):
+    assert lab10.check_sp_mlp(sp_mlp, world_size=2) is sp_mlp
+    assert "correct: on 2 real ranks" in capsys.readouterr().out
+
+    def all_reduced(x_part, fc1, fc2, group=None):      # tensor parallel, not sequence
+        whole = torch.cat(comm.all_gather(x_part.contiguous(), group=group), dim=0)
+        return comm.all_reduce(fc2(torch.nn.functional.gelu(fc1(whole))), group=group)
+
+    assert lab10.check_sp_mlp(all_reduced, world_size=2) is sp_mlp
+    assert "every rank returned every position" in capsys.readouterr().out
 
 
-def test_skips_not_shown_when_they_carry_less_than_three_quarters():
-    planted = cut()
-    planted["formula"] = {"e1": 32768, "e2": 32768, "b": 163840}
-    planted["traced"]["forward"] = {"e1": 32768.0, "e2": 32768.0, "b": 163840.0}
-    planted["traced"]["backward"] = dict(planted["traced"]["forward"])
-    v = lessons.evaluate("10.skips_cross_the_cut", planted)
-    assert not v.shown and "the skips carried only 29%" in v.why
-
-
-def choice(dp_ms=38.8, dp_pp_ms=81.5, off=None, extra=None):
-    plans = {
-        "dp": {"replayed_s": dp_ms / 1e3, "predicted_s": 0.0222, "core_wait": 0.27,
-               "devices": 4, "bytes": {r: {"dp": [117356.0, 117356.0]} for r in range(4)},
-               "unexpected_axes": []},
-        "pp": {"replayed_s": 0.0526, "predicted_s": 0.0265, "core_wait": 0.08, "devices": 2,
-               "bytes": {r: {"pp": [1835008.0, 1835008.0]} for r in range(2)},
-               "unexpected_axes": []},
-        "dp_pp": {"replayed_s": dp_pp_ms / 1e3, "predicted_s": 0.0296, "core_wait": 0.24,
-                  "devices": 4, "unexpected_axes": [],
-                  "bytes": {r: {"pp": [917504.0, 917504.0],
-                                "dp": [72160.0 if r % 2 == 0 else 45196.0] * 2}
-                            for r in range(4)}}}
-    if off:
-        plan, rank, axis, value = off
-        plans[plan]["bytes"][rank][axis][0] = value
-    if extra:
-        plans[extra[0]]["unexpected_axes"] = [extra[1]]
-    return {"plans": plans, "pick": "dp", "cores": 2,
-            "replay_source": "replayed on 4 dedicated devices, this machine's idle link"}
-
-
-def test_axis_bytes_shown_when_every_count_matches():
-    v = lessons.evaluate("10.axis_bytes_match_formula", choice())
-    assert v.shown and "14 of 14" in v.figures and "dp 2 × pp 2: pp 917,504 B, dp 72,160 B" in v.figures
-
-
-def test_axis_bytes_not_shown_names_the_rank_and_axis():
-    v = lessons.evaluate("10.axis_bytes_match_formula", choice(off=("dp_pp", 3, "pp", 786432.0)))
-    assert not v.shown and "13 of 14" in v.figures
-    assert "dp 2 × pp 2 rank 3 pp: traced 786,432, formula 917,504" in v.why
-    v = lessons.evaluate("10.axis_bytes_match_formula", choice(extra=("dp", "world")))
-    assert not v.shown and "dp 4 moved bytes on ['world']" in v.why
-
-
-def test_choice_shown_when_the_pick_is_quicker_by_the_margin():
-    v = lessons.evaluate("10.the_choice_holds_here", choice())
-    assert v.shown and "the model's pick dp 4: 38.8 ms replayed (PREDICTED 22.2 ms)" in v.figures
-    assert "dp 2 × pp 2: 81.5 ms replayed (PREDICTED 29.6 ms): 2.10x" in v.figures
-    assert str(v).startswith("lesson 10.the_choice_holds_here: shown (replayed on 4 dedicated")
-    assert "replayed" not in str(lessons.evaluate("10.axis_bytes_match_formula", choice()))
-
-
-def test_choice_not_shown_when_the_other_plan_comes_close():
-    v = lessons.evaluate("10.the_choice_holds_here", choice(dp_ms=70.0, dp_pp_ms=80.0))
-    assert not v.shown and "1.14x" in v.figures
-    assert "the cost model gave dp 2 × pp 2 1.33x the pick's step (PREDICTED)" in v.why
-
-
-def test_choice_compares_only_plans_on_as_many_devices():
-    planted = choice()
-    planted["plans"]["pp"]["replayed_s"] = 0.001          # quick, but on 2 of the 4 devices
-    v = lessons.evaluate("10.the_choice_holds_here", planted)
-    assert v.shown and "dp 2 × pp 2" in v.figures
-    alone = copy.deepcopy(planted)
-    del alone["plans"]["dp_pp"]
-    v = lessons.evaluate("10.the_choice_holds_here", alone)
-    assert not v.shown and "nothing to compare it with" in v.why
-
-
-def test_the_lab_has_these_lessons():
-    assert {x.name for x in lessons.of_lab("10")} == {
-        "10.unet_learns_the_shapes", "10.strategies_equal_one_device", "10.skips_cross_the_cut",
-        "10.axis_bytes_match_formula", "10.the_choice_holds_here"}
-    assert lab10.CHOICE_MARGIN == 1.3 and lab10.MIN_IOU == 0.5
+def test_the_sp_mlp_reference_equals_the_whole_mlp_on_one_rank():
+    import parlab
+    out = parlab.launch(lab10_exercises._mlp_ranks, 1, args=(sp_mlp,), timeout=60)
+    got = out.results[0]
+    np.testing.assert_allclose(got["got"], got["want"], atol=1e-5)

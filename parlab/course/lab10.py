@@ -1,459 +1,369 @@
-"""Lab 10 (labs/10_capstone_unet.ipynb): one model from start to end. A U-Net that
-learns the course's shapes; the same U-Net on 4 devices (data parallel, a pipeline cut
-between encoder and decoder, both at once on a mesh), each equal to one device; the
-cost model's choice among them, measured against its prediction; TensorFlow's
-``MirroredStrategy`` and ``MultiWorkerMirroredStrategy``; the trained model served from
-another process. Its exercises and its lessons."""
+"""Lab 10 (labs/10_transformer.ipynb): a small GPT split by heads, by positions and by
+chunks of the sequence; what its notebook runs, its lessons and its exercises."""
 from __future__ import annotations
 
-import os
-
-import numpy as np
-
 from ..launcher import LaunchResult, launch
-from ..split import UNetConfig, crossing
 from . import lessons, replays
-from .exercise import Exercise, check, register, whose  # noqa: F401 (labNN.check, labNN.whose)
-from .lab10_choose import check_plan, plan_cost  # noqa: F401 (the notebook's lab10.*)
-from .lab10_serve import (run_tf_mirrored_fit, run_tf_multi_worker,  # noqa: F401
-                          serve_in_fresh_process, show_segmentations, weight_difference)
+from .exercise import Exercise, check, register, run_on_ranks  # noqa: F401 (lab10.check)
+from .lab10_exercises import check_merge, check_sp_mlp  # noqa: F401 (lab10.check_merge)
+from .replays import replayed  # noqa: F401 (lab10.replayed: a run on dedicated devices)
 
-CFG = UNetConfig()        # global batch 16, Adam 3e-3, 4 micro-batches, cut encoder | decoder
-EPOCHS = 30               # of the 192 training images, for the U-Net that learns
-TEST_IMAGES = 64          # parlab.data.shapes(64, seed=1): images no step trained on
-MIN_IOU = 0.5             # lesson 10.unet_learns_the_shapes: each shape's IoU at least this
-PLAN_NAMES = {"dp": "dp 4", "pp": "pp 2 (encoder | decoder)", "dp_pp": "dp 2 × pp 2"}
+LABELS = {"one device": "one device", "tp": "tensor parallel", "sp": "tensor + sequence parallel",
+          "cp_contiguous": "context parallel, contiguous", "cp_zigzag": "context parallel, zig-zag",
+          "library": "DTensor tensor parallel"}
 
-
-def held_out_data(cfg: UNetConfig = CFG):
-    """Images and masks no training step sees (``parlab.data.shapes``, seed 1)."""
-    from .. import data
-    return data.shapes(TEST_IMAGES, cfg.size, seed=1)
+BATCH, STEPS = 4, 3
+TOL = 1e-5                  # float32: the same sums, added in another order
+LEARN_STEPS = 150
+BELOW_UNIGRAM = 0.5         # lesson 10.model_learns: held-out nats at least this far below
+BALANCED = 1.10             # lesson 10.zigzag_balances_the_ring: busiest / idlest rank
+UNBALANCED = 2.0            # ... and the contiguous split at least this uneven
 
 
-# ------------------------------------------------------------------ a U-Net that learns
-def iou_per_class(pred, masks, classes=(1, 2)) -> dict:
-    """Each foreground class's intersection over union: pixels both the prediction and
-    the mask give the class, over pixels either gives it (0 where neither does)."""
+def library_plan() -> dict:
+    """The split declared for ``torch.distributed.tensor.parallel``, layer by layer
+    (``transformer_tp.library_plan``)."""
+    from ..torch.transformer_tp import library_plan as plan
+    return plan(config())
+
+
+def config():
+    """The lab's transformer: 2 blocks of width 128, 4 heads, 256 positions, a
+    vocabulary of 256 (``transformer.GPTConfig``)."""
+    from ..torch.transformer import GPTConfig
+    return GPTConfig(vocab=256, seq_len=256, d_model=128, heads=4, layers=2)
+
+
+def learn(steps: int = LEARN_STEPS) -> dict:
+    """The model trained on the generated language on one device
+    (``transformer.learn_language``)."""
+    from ..torch.transformer import learn_language
+    return learn_language(steps=steps)
+
+
+def run_strategies(*, devices=None, cfg=None, batch_size: int = BATCH, steps: int = STEPS,
+                   strategies=None, timeout: float = 240.0) -> LaunchResult:
+    """Tensor, sequence and context parallelism (contiguous and zig-zag) and the
+    library's tensor parallelism, one after the other in one launch of 4 ranks
+    (``transformer_runs.train_all``), each trained from the same weights on the same
+    batches."""
+    from ..torch import transformer_runs
+    n = devices.n if devices is not None else 4
+    kwargs = dict(cfg=cfg or config(), batch_size=batch_size, steps=steps,
+                  strategies=tuple(strategies or transformer_runs.STRATEGIES))
+    return launch(transformer_runs.train_all, n, kwargs=kwargs, timeout=timeout, devices=devices)
+
+
+def reference(cfg=None, batch_size: int = BATCH, steps: int = STEPS) -> dict:
+    """The same steps on one device, the whole model (``transformer.train_reference``)."""
+    from ..torch.transformer import train_reference
+    return train_reference(cfg or config(), batch_size, steps)
+
+
+def _settings(run: LaunchResult) -> dict:
+    return run.results[0]["settings"]
+
+
+def _largest(pairs) -> float:
+    import numpy as np
+    return max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in pairs)
+
+
+def equivalence(run: LaunchResult, ref: dict) -> dict:
+    """Per strategy, the largest difference to one device over every rank: in the losses,
+    the first step's logits and gradients, and the weights after the last step (each
+    rank against its own part of the whole model)."""
+    from ..torch.transformer_tp import dense_part
+    n, out = len(run.results), {}
+    for name in run.results[0]:
+        if name in ("seconds", "settings"):
+            continue
+        losses, logits, grads, weights = [], [], [], []
+        for r, res in enumerate(run.results):
+            got = res[name]
+            if name.startswith("cp_"):
+                logits.append((got["first_logits"], ref["first_logits"][:, got["positions"]]))
+                part = lambda key, value: value                       # noqa: E731 (whole)
+            else:
+                v = ref["first_logits"].shape[-1] // n
+                logits.append((got["first_logits"], ref["first_logits"][..., r * v:(r + 1) * v]))
+                part = lambda key, value, r=r: dense_part(key, value, r, n)   # noqa: E731
+            losses.append((got["losses"] if "losses" in got else [got["loss"]],
+                           ref["losses"][:len(got.get("losses", [0]))]))
+            grads += [(g, part(k, ref["first_grads"][k])) for k, g in got["first_grads"].items()]
+            if "weights" in got:
+                weights += [(w, part(k, ref["weights"][k])) for k, w in got["weights"].items()]
+        out[name] = {"loss": _largest(losses), "logits": _largest(logits),
+                     "gradients": _largest(grads),
+                     "weights": _largest(weights) if weights else None}
+    return out
+
+
+def windows(tl, strategies) -> dict:
+    """(start, end) of each strategy's part of a ``run_strategies`` timeline."""
+    from ..torch.transformer_runs import variant_windows
+    return variant_windows(tl, strategies)
+
+
+def comm_rows(run: LaunchResult) -> dict:
+    """Per strategy run by hand: the bytes rank 0 handed to communication per step,
+    traced, and the formula's (``expected_comm_bytes`` of each module); for tensor and
+    sequence parallelism also what a ring sends (``parlab.zero.sent_bytes``)."""
+    from ..torch import transformer_cp, transformer_sp, transformer_tp, zero
+    cfg, batch, n = _settings(run)["cfg"], _settings(run)["batch_size"], len(run.results)
+    tl, rows = run.timeline, {}
+    done = [s for s in _settings(run)["strategies"] if s != "library"]
+    for name, window in windows(tl, done).items():
+        part = tl.window(*window)
+        traced = sum(s.bytes for s in part.spans if s.rank == 0 and s.kind == "comm"
+                     and "between strategies" not in s.name)
+        if name == "tp":
+            formula = transformer_tp.expected_comm_bytes(cfg, batch)["total"]
+        elif name == "sp":
+            formula = transformer_sp.expected_comm_bytes(cfg, batch, n)["total"]
+        else:
+            formula = transformer_cp.expected_comm_bytes(cfg, batch, n)["total"]
+        steps = _settings(run)["steps"]
+        row = {"traced": traced / steps, "formula": formula}
+        if not name.startswith("cp_"):
+            row["sent"] = zero.bytes_per_step(tl, window, 0, n, steps)["sent"]
+        rows[name] = row
+    return rows
+
+
+def memory_rows(run: LaunchResult, ref: dict) -> dict:
+    """Bytes saved for the backward pass, rank 0 against one device, per strategy
+    (measured by ``saved_tensor_counter``), and the part sequence parallelism splits
+    (``transformer_sp.split_activation_bytes``)."""
+    from ..torch.transformer_sp import split_activation_bytes
+    cfg, batch = _settings(run)["cfg"], _settings(run)["batch_size"]
+    rows = {"one device": ref["saved_for_backward"]}
+    rows.update({name: run.results[0][name]["saved_for_backward"]
+                 for name in _settings(run)["strategies"] if name != "library"})
+    return {"saved": rows, "norms_region": split_activation_bytes(cfg, batch),
+            "devices": len(run.results)}
+
+
+def attention_work(tl, run: LaunchResult) -> dict:
+    """Per layout of context parallelism: each rank's seconds of attention blocks
+    (forward and backward) in a step, read from ``tl`` (a replay: the CPU time each
+    block took; the measurement: its wall time). A rank's step is its least disturbed
+    one after the first (the least work: nothing ever makes a block quicker)."""
+    from ..torch.transformer_cp import ATTENTION, ATTENTION_BACKWARD
+    layouts = [s for s in _settings(run)["strategies"] if s.startswith("cp_")]
     out = {}
-    for c in classes:
-        union = ((pred == c) | (masks == c)).sum()
-        out[c] = float(((pred == c) & (masks == c)).sum() / union) if union else 0.0
+    for name, window in windows(tl, layouts).items():
+        part = tl.window(*window)
+        work = []
+        for r in sorted(part.ranks):
+            steps = part.step_windows("forward", r)[1:] or part.step_windows("forward", r)
+            work.append(min(sum(s.duration for s in part.window(a, b).spans if s.rank == r
+                                and s.name in (ATTENTION, ATTENTION_BACKWARD))
+                            for a, b in steps))
+        out[name[3:]] = work
     return out
 
 
-CLASS_NAMES = {1: "disc", 2: "square"}
+def plot_ring(run: LaunchResult, *, measured: bool = False):
+    """Context parallelism's last step, contiguous above and zig-zag below, one lane per
+    rank, replayed on dedicated devices (``measured``: as this machine ran it); the
+    attention blocks in their own colour."""
+    from .. import plot
+    from ..sim import ReplayedTimeline
+    from ..steps import quickest_step
+    from ..trace import Span, Timeline
+    tl = run.timeline if measured else replays.replayed(run)
+    spans, labels, lane = [], {}, 0
+    n = len(run.results)
+    for name, window in windows(tl, ("cp_contiguous", "cp_zigzag")).items():
+        step = quickest_step(tl.window(*window), skip=1)
+        for r in range(n):
+            spans += [Span(lane, s.kind, s.name.replace(" (backward)", ""), s.start - step.start,
+                           s.end - step.start, s.bytes) for s in step.spans if s.rank == r]
+            labels[lane] = f"rank {r} · {name[3:]}"
+            lane += 1
+    how = "measured on this machine" if measured else "replayed on dedicated devices"
+    built = Timeline(spans) if measured else ReplayedTimeline(spans, notes=tl.notes)
+    return plot.timeline(replays.lanes_named(built, labels), color_by="name", names=False,
+                         order=("attention block", "forward", "backward", "update"),
+                         title=f"context parallelism, the quickest step of each split ({how})")
 
 
-def train_unet(epochs: int = EPOCHS, *, cfg: UNetConfig = CFG, progress: bool = True) -> dict:
-    """Train the U-Net on one device (the notebook's: one core, or a GPU) with the
-    weighted loss (``unet.loss_fn``); its IoU per shape on the test images before and
-    after, and what painting every pixel background would score.
-
-    Returns {"model" (on the CPU), "history", "iou", "iou_before", "iou_background",
-    "pixel_accuracy", "background_share", "epochs", "device"}.
-    """
-    from ..torch import serve, single, unet
-    from .lab01 import one_device
-    x, y = unet.training_data(cfg)
-    xt, yt = held_out_data(cfg)
-    with one_device() as device:
-        model = unet.build(cfg).to(device)
-        before = serve.segment(model.eval(), xt, device)
-        history = single.train(model, x, y, epochs=epochs, batch_size=cfg.global_batch,
-                               lr=cfg.lr, device=device, progress=progress, seed=cfg.seed,
-                               loss_fn=unet.loss_fn(cfg))
-        pred = serve.segment(model.eval(), xt, device)
-    return {"model": model.to("cpu"), "history": history, "epochs": epochs, "device": device,
-            "iou": iou_per_class(pred, yt), "iou_before": iou_per_class(before, yt),
-            "iou_background": iou_per_class(np.zeros_like(yt), yt),
-            "pixel_accuracy": float((pred == yt).mean()),
-            "background_share": float((yt == 0).mean())}
+def network(cfg=None):
+    """The lab's transformer as the cost model sees it (``sim.Network.decoder``): float32,
+    no dropout, LayerNorm and a GELU MLP, an untied head. The sim's decoder has no
+    learned position embedding: 1 % of this model's parameters."""
+    from .. import sim
+    cfg = cfg or config()
+    return sim.Network.decoder("the lab's GPT", cfg.layers, cfg.d_model, cfg.heads, cfg.seq_len,
+                               cfg.vocab, tied=False, dropout=False, act_bytes=4)
 
 
-def learn_numbers(run: dict) -> dict:
-    """What lesson 10.unet_learns_the_shapes reads from ``train_unet``."""
-    return {"iou": dict(run["iou"]), "iou_background": dict(run["iou_background"]),
-            "iou_before": dict(run["iou_before"]), "epochs": run["epochs"],
-            "loss": (run["history"]["loss"][0], run["history"]["loss"][-1]),
-            "pixel_accuracy": run["pixel_accuracy"], "background_share": run["background_share"]}
+PLANS = {"one device": {}, "tp": {"tp": True}, "sp": {"tp": True, "sequence_parallel": True},
+         "cp_zigzag": {"cp": True}}
 
 
-def _learn_experiment() -> dict:
-    return learn_numbers(train_unet(progress=False))
+def _predicted(name: str, n: int, cfg, batch: int) -> dict:
+    from ..sim import split_transformer
+    plan = {k: (n if v is True and k in ("tp", "cp") else v) for k, v in PLANS[name].items()}
+    return split_transformer(network(cfg), batch, **plan)
 
 
-@lessons.lesson("10.unet_learns_the_shapes",
-                f"the U-Net learns the shapes: after {EPOCHS} epochs with the weighted loss, "
-                f"the IoU of the discs and that of the squares on test images are each at "
-                f"least {MIN_IOU} (painting every pixel background, the easy answer for 86 % "
-                f"of the pixels, scores 0 for both)",
-                _learn_experiment)
-def unet_learns_the_shapes(m: dict):
-    figures = ", ".join(f"{CLASS_NAMES[int(c)]} IoU {v:.2f} (background everywhere: "
-                        f"{m['iou_background'][c]:.2f}; untrained {m['iou_before'][c]:.2f})"
-                        for c, v in m["iou"].items())
-    short = [CLASS_NAMES[int(c)] for c, v in m["iou"].items() if v < MIN_IOU]
-    why = (f"{' and '.join(short)} below {MIN_IOU} after {m['epochs']} epochs; the training "
-           f"loss went from {m['loss'][0]:.3f} to {m['loss'][1]:.3f}")
-    return not short, figures, why
+def memory_table(run: LaunchResult, ref: dict) -> dict:
+    """Per plan (one device, tensor, tensor + sequence, context parallel): the bytes rank 0
+    saved for the backward pass (measured) and what the cost model predicts
+    (``sim.split_transformer``, Korthikanti et al. 2022's count for this block)."""
+    mem = memory_rows(run, ref)
+    cfg, batch, n = _settings(run)["cfg"], _settings(run)["batch_size"], len(run.results)
+    return {name: {"label": LABELS[name], "measured": mem["saved"][name],
+                   "predicted": _predicted(name, n, cfg, batch)["activation_bytes"]}
+            for name in PLANS}
 
 
-# ------------------------------------------------------------------ strategies, equal to one device
-def run_plans(plans=(("dp", 1), ("pp", 1), ("dp_pp", 2)), *, cfg: UNetConfig = CFG,
-              devices=None, pin_cores: bool = True, timeout: float = 240.0) -> dict:
-    """Each (plan, dp) of ``plans`` in turn on the same 4 ranks, in one launch
-    (``unet.measure_plans``): data parallel on 4, the 2-stage pipeline on the first 2,
-    dp 2 × pp 2 on a mesh. Returns {plan: {"results", "timeline" (its steps only, lanes
-    named by mesh coordinates), "replayed" (the same, replayed on dedicated devices),
-    "ranks" (those that trained)}} and "launch"."""
-    from ..torch import unet
-    from ..trace import Timeline
-    res = launch(unet.measure_plans, 4, args=(cfg, tuple(plans)), devices=devices,
-                 pin_cores=pin_cores, timeout=timeout)
-    out = {"launch": res}
-    rp = replays.replayed(res)
-    on_replay = replays.between_barriers(rp, "between plans", len(res.results[0]))
-    for k, entry in enumerate(res.results[0]):
-        plan = entry["plan"]
-        results = [r[k]["result"] for r in res.results]
-        window = res.timeline.window(*entry["window"])
-        labels = results[0].get("labels") or {r: f"rank {r}" for r in range(4)}
-        ranks = [0, 1] if plan == "pp" else [0, 1, 2, 3]
-        if plan == "pp":
-            labels = {0: "rank 0 · stage 0 (encoder)", 1: "rank 1 · stage 1 (decoder)"}
-        elif plan == "dp":
-            labels = {r: f"rank {r} · replica {r}" for r in range(4)}
-        out[plan] = {"results": results, "ranks": ranks, "dp": entry["dp"],
-                     "timeline": Timeline(window.filter(ranks=ranks).spans, labels, ranks),
-                     "replayed": replays.lanes_named(
-                         rp.window(*on_replay[k]).filter(ranks=ranks),
-                         {r: labels[r] for r in ranks}, ranks)}
-    return out
+def plot_memory(rows: dict):
+    """Bytes saved for the backward pass per plan: measured (solid) beside predicted
+    (dotted, the course's style for the cost model)."""
+    from .. import plot
+    plt = plot.pyplot()
+    fig, ax = plt.subplots(figsize=(10, 4.4))
+    names = list(rows)
+    x = range(len(names))
+    color = plot.COLORS["compute"]
+    ax.bar([i - 0.2 for i in x], [rows[n]["measured"] / 1e6 for n in names], 0.4,
+           color=color, label="measured here")
+    ax.bar([i + 0.2 for i in x], [rows[n]["predicted"] / 1e6 for n in names], 0.4,
+           facecolor="white", edgecolor=color, hatch=plot.HATCHES[plot.PREDICTED],
+           label="PREDICTED (parlab.sim)")
+    ax.set_xticks(list(x))
+    ax.set_xticklabels([rows[n]["label"].replace(", ", ",\n").replace(" + ", " +\n")
+                        for n in names], fontsize=plot.FONT - 2)
+    ax.set_ylabel("MB, rank 0", fontsize=plot.FONT)
+    ax.set_title("saved for the backward pass: each split keeps less", fontsize=plot.FONT + 1)
+    ax.legend(fontsize=plot.FONT - 2, bbox_to_anchor=(1.02, 1), loc="upper left", frameon=False)
+    ax.tick_params(labelsize=plot.FONT - 2)
+    fig.tight_layout()
+    return plot.finish(fig)
 
 
-def plan_outcome(plan: str, results: list) -> dict:
-    """A plan's loss curve (the whole batch's loss per step) and its model state, put
-    together from its ranks: replicas' losses averaged, a pipeline's last stage's,
-    stages' states merged. Also whether every replica ended identical."""
-    from ..metrics import identical, merged
-    if plan == "dp":
-        return {"losses": list(np.mean([r["losses"] for r in results], axis=0)),
-                "state": results[0]["state"], "first_grads": results[0]["first_grads"],
-                "replicas_identical": identical(r["state"] for r in results)}
-    pipes = [results[0:2]] if plan == "pp" else [results[0:2], results[2:4]]
-    losses = np.mean([p[-1]["losses"] for p in pipes], axis=0)
-    states = [merged(p) for p in pipes]
-    return {"losses": list(losses), "state": states[0],
-            "first_grads": merged(pipes[0], "first_grads"),
-            "replicas_identical": identical(states)}
+def print_choices(run: LaunchResult, ref: dict) -> None:
+    """Per split: the bytes rank 0 keeps for the backward pass and hands to communication
+    per step, measured on this run and predicted by the cost model."""
+    rows, comm = memory_table(run, ref), comm_rows(run)
+    cfg, batch, n = _settings(run)["cfg"], _settings(run)["batch_size"], len(run.results)
+    print(f"{'':<32}{'kept, measured':>15}{'predicted':>11}{'sent, traced':>14}{'predicted':>11}"
+          f"   MB per step, rank 0 of {n}")
+    for name in ("tp", "sp", "cp_zigzag"):
+        sent = sum(_predicted(name, n, cfg, batch)["bytes"].values())
+        print(f"{LABELS[name]:<32}{rows[name]['measured'] / 1e6:>15.2f}"
+              f"{rows[name]['predicted'] / 1e6:>11.2f}{comm[name]['traced'] / 1e6:>14.2f}"
+              f"{sent / 1e6:>11.2f}")
 
 
-def equivalence(runs: dict, reference: dict) -> dict:
-    """Per plan: how far its loss curve (relative), its first step's gradients and its
-    parameters after the run lie from one device's."""
-    from ..metrics import max_difference
-    out = {}
-    for plan in (p for p in runs if p in PLAN_NAMES):
-        got = plan_outcome(plan, runs[plan]["results"])
-        ref = np.asarray(reference["losses"])
-        out[plan] = {"loss": float(np.max(np.abs(np.asarray(got["losses"]) - ref) / np.abs(ref))),
-                     "grads": max_difference(got["first_grads"], reference["first_grads"]),
-                     "params": max_difference(got["state"], reference["state"]),
-                     "replicas_identical": got["replicas_identical"],
-                     "steps": len(got["losses"])}
-    return out
+def print_llama_choices(gpu_bytes: float = 80e9) -> None:
+    """PREDICTED: Llama 3 405B on one 128K-token sequence, split 8 ways by tensor
+    parallelism within a node and by context parallelism across nodes
+    (``sim.context.choices``), and the split its authors published."""
+    from ..sim import context
+    from ..sim.published_runs_lm import llama3_2024
+    print(context.table(context.choices(context.llama3_405b(), gpu_bytes=gpu_bytes),
+                        title="Llama 3 405B, one 131,072-token sequence, bf16, flash attention; "
+                              f"GB per GPU and step; acts fit: within {gpu_bytes / 1e9:g} GB"))
+    p = next(r.setup.parallel for r in llama3_2024() if r.setup.parallel.cp > 1)
+    print(f"published (Dubey et al., 2024): {p.gpus:,} GPUs as tp {p.tp} x cp {p.cp} x "
+          f"pp {p.pp} x dp {p.dp}")
 
 
-def one_device_reference(cfg: UNetConfig = CFG) -> dict:
-    """``unet.train_single`` on the notebook's device (one core, or a GPU): what every
-    plan is compared with."""
-    from ..torch import unet
-    from .lab01 import one_device
-    with one_device() as device:
-        return unet.train_single(cfg, device)
+def plot_attention_work(work: dict):
+    """Each rank's attention work per step, one bar per rank and split, replayed."""
+    from .. import plot
+    values = {f"rank {r}\n{layout.replace('zigzag', 'zig-zag')}": t * 1e3
+              for layout, seconds in work.items() for r, t in enumerate(seconds)}
+    return plot.bars(values, ylabel="attention, ms a step", highlight=[
+        k for k in values if "contiguous" in k],
+        title="zig-zag chunks even out the ranks' attention (replayed)")
 
 
-LOSS_TOL, GRAD_TOL = 1e-5, 1e-6
+# ------------------------------------------------------------------ lessons
+def learn_numbers(out: dict) -> dict:
+    return {k: out[k] for k in ("held_out", "unigram", "uniform")}
+
+
+@lessons.lesson("10.model_learns",
+                "trained for 150 steps on one device, the transformer predicts held-out text "
+                f"at least {BELOW_UNIGRAM} nats a word better than counting words does",
+                lambda: learn_numbers(learn()))
+def model_learns(m: dict):
+    figures = (f"held-out {m['held_out']:.2f} nats a word, counting words {m['unigram']:.2f}, "
+               f"guessing {m['uniform']:.2f}")
+    return (m["held_out"] <= m["unigram"] - BELOW_UNIGRAM, figures,
+            "the model did not learn past the words' frequencies")
 
 
 def _strategies_experiment() -> dict:
-    return {"equivalence": equivalence(run_plans(), one_device_reference())}
+    return strategy_numbers(run_strategies(), reference())
+
+
+def strategy_numbers(run: LaunchResult, ref: dict, replay=None) -> dict:
+    """What lab 10's lessons on the strategies read from a run and its reference."""
+    return {"equivalence": equivalence(run, ref), "comm": comm_rows(run),
+            "memory": memory_rows(run, ref),
+            "work": attention_work(replay if replay is not None else replays.replayed(run), run),
+            "devices": len(run.results)}
 
 
 @lessons.lesson("10.strategies_equal_one_device",
-                "data parallel on 4 devices, the pipeline cut between encoder and decoder "
-                "and dp 2 × pp 2 each train the U-Net like one device: every step's loss "
-                "within 1e-5 of one device's (relative), the first step's gradients within "
-                "1e-6, every replica identical",
+                f"tensor, sequence and context parallelism train exactly as one device: "
+                f"losses, gradients and weights within {TOL:g}",
                 _strategies_experiment)
 def strategies_equal_one_device(m: dict):
-    eq = m["equivalence"]
-    figures = "; ".join(f"{PLAN_NAMES[p]}: loss {e['loss']:.1e}, gradients {e['grads']:.1e}, "
-                        f"parameters after {e['steps']} steps {e['params']:.1e}"
-                        for p, e in eq.items())
-    off = [f"{PLAN_NAMES[p]} " + ", ".join(
-        w for w, bad in (("its loss curve", e["loss"] > LOSS_TOL),
-                         ("its gradients", e["grads"] > GRAD_TOL),
-                         ("its replicas differ", not e["replicas_identical"])) if bad)
-        for p, e in eq.items()
-        if e["loss"] > LOSS_TOL or e["grads"] > GRAD_TOL or not e["replicas_identical"]]
-    return not off, figures, "off one device: " + "; ".join(off)
+    worst = {name: max(v for v in d.values() if v is not None)
+             for name, d in m["equivalence"].items()}
+    figures = ", ".join(f"{name} {v:.1e}" for name, v in worst.items()) + " (largest difference)"
+    off = [name for name, v in worst.items() if v > TOL]
+    return not off, figures, f"{', '.join(off)} differ from one device by more than {TOL:g}"
 
 
-# ------------------------------------------------------------------ what crosses the cut
-def tensor_elements(name: str, size: int = CFG.size, base: int = CFG.base) -> int:
-    """Numbers per image in one of the U-Net's named tensors (models.UNet.BLOCKS): each
-    level down halves the side and doubles the channels."""
-    side = {"x": size, "e1": size, "e2": size // 2, "b": size // 4, "d2": size // 2,
-            "d1": size, "logits": size}[name]
-    channels = {"x": 1, "e1": base, "e2": 2 * base, "b": 4 * base, "d2": 2 * base,
-                "d1": base, "logits": 3}[name]
-    return channels * side * side
+@lessons.lesson("10.bytes_match_formulas",
+                "each split hands to communication exactly the bytes its formula counts: "
+                "tensor parallelism two all-reduces of the activations per block and "
+                "direction, sequence parallelism reduce-scatters and all-gathers, context "
+                "parallelism keys and values passed n - 1 times per block",
+                _strategies_experiment)
+def bytes_match_formulas(m: dict):
+    rows = m["comm"]
+    figures = ", ".join(f"{name} {r['traced'] / 1e6:.3f} MB ({r['formula'] / 1e6:.3f})"
+                        for name, r in rows.items()) + " per step on rank 0, traced (formula)"
+    off = [name for name, r in rows.items() if abs(r["traced"] - r["formula"]) > 0.5]
+    return not off, figures, f"{', '.join(off)} off the formula"
 
 
-def traced_cut_bytes(timeline, rank: int, steps: int, micro_batches: int) -> dict:
-    """Bytes per micro-batch that ``rank`` (a stage before the cut) sent forward and
-    received back, per tensor name, from its traced spans: {"forward": {name: bytes},
-    "backward": {name: bytes}}."""
-    out = {"forward": {}, "backward": {}}
-    for s in timeline.spans:
-        if s.rank != rank or s.kind != "comm" or not s.bytes:
-            continue
-        if s.name.startswith("isend ") and not s.name.startswith("isend grad"):
-            key, name = "forward", s.name[len("isend "):]
-        elif s.name.startswith("recv grad "):
-            key, name = "backward", s.name[len("recv grad "):]
-        else:
-            continue
-        out[key][name] = out[key].get(name, 0) + s.bytes / (steps * micro_batches)
-    return out
+@lessons.lesson("10.sp_cuts_activation_memory",
+                "sequence parallelism saves less for the backward pass than tensor "
+                "parallelism, by exactly 1 - 1/n of the norms' region, and context "
+                "parallelism less again",
+                _strategies_experiment)
+def sp_cuts_activation_memory(m: dict):
+    mem = m["memory"]
+    saved, n = mem["saved"], mem["devices"]
+    cut = saved["tp"] - saved["sp"]
+    want = mem["norms_region"] * (1 - 1 / n)
+    figures = (f"per rank {saved['tp'] / 1e6:.2f} MB tensor parallel, {saved['sp'] / 1e6:.2f} MB "
+               f"with sequence parallel (cut {cut / 1e6:.3f} MB, formula {want / 1e6:.3f}), "
+               f"{saved['cp_zigzag'] / 1e6:.2f} MB context parallel; one device "
+               f"{saved['one device'] / 1e6:.2f} MB")
+    shown = abs(cut - want) <= 0.01 * want and saved["cp_zigzag"] < saved["sp"]
+    return shown, figures, "the cut is not the norms' region, or context parallel keeps more"
 
 
-def cut_numbers(runs: dict, cfg: UNetConfig = CFG) -> dict:
-    """What lesson 10.skips_cross_the_cut reads: the encoder stage's traced bytes per
-    micro-batch, per tensor and way, and the cost model's (``sim.Network.unet``: its
-    layers' output sizes, 4 bytes a number) for the tensors that cross the cut."""
-    from ..torch.models import UNet
-    from . import lab10_choose as choose
-    net = choose.network(cfg)
-    traced = traced_cut_bytes(runs["pp"]["timeline"], 0, cfg.steps, cfg.micro_batches)
-    micro = cfg.global_batch // cfg.micro_batches
-    at = choose.layer_of_cut(net, cfg.cuts[0])
-    names = crossing(UNet.BLOCKS, cfg.cuts[0])
-    made_by = {"e1": "enc0.conv1", "e2": "enc1.conv1", "b": "bottleneck.conv1",
-               "d2": "dec1.conv1", "d1": "dec0.conv1"}      # each block's last layer
-    layers = {layer.name: layer for layer in net.layers}
-    formula = {n: 4 * micro * layers[made_by[n]].out_elems for n in names}
-    return {"traced": traced, "micro_batch": micro, "cut": cfg.cuts[0], "formula": formula,
-            "cut_bytes": net.cut_bytes(at, micro),
-            "skips": [n for n in names if n != UNet.BLOCKS[cfg.cuts[0] - 1][0]]}
-
-
-def _cut_experiment() -> dict:
-    return cut_numbers(run_plans((("pp", 1),), pin_cores=False))
-
-
-@lessons.lesson("10.skips_cross_the_cut",
-                "the cut between encoder and decoder is crossed by the bottleneck's "
-                "activation and by both skip connections, each micro-batch forward and its "
-                "gradient back, the traced bytes equal to the formula; the skips carry most "
-                "of them (at least 3/4 here: they are the large, shallow tensors)",
-                _cut_experiment)
-def skips_cross_the_cut(m: dict):
-    traced, formula = m["traced"], m["formula"]
-    total = m["cut_bytes"]
-    skips = sum(formula[n] for n in m["skips"])
-    figures = (f"per micro-batch of {m['micro_batch']} images, forward " + ", ".join(
-        f"{n} {traced['forward'].get(n, 0):,.0f} B (formula {formula[n]:,})" for n in formula)
-        + f"; back the same{'' if traced['backward'] == traced['forward'] else ' NOT'}; the "
-        f"skips {', '.join(m['skips'])}: {skips / total:.0%} of {total:,.0f} B")
-    off = [f"{way} {n}: traced {traced[way].get(n, 0):,.0f}, formula {formula[n]:,}"
-           for way in ("forward", "backward") for n in formula
-           if abs(traced[way].get(n, 0) - formula[n]) > 0.5]
-    extra = sorted(set(traced["forward"]) - set(formula))
-    if extra:
-        off.append(f"tensors sent that the formula does not name: {extra}")
-    if abs(sum(formula.values()) - total) > 0.5:
-        off.append(f"the named tensors add up to {sum(formula.values()):,} B, the cut to {total:,.0f}")
-    return not off and skips >= 0.75 * total, figures, "; ".join(off) or (
-        f"the skips carried only {skips / total:.0%}")
-
-
-# ------------------------------------------------------------------ choose, then measure
-def single_step_timelines(batches=(2, 4, 16), *, cfg: UNetConfig = CFG, steps: int = 8) -> dict:
-    """The U-Net's step on one device (forward, backward, update), per batch size: the
-    micro-batches and replica shares the plans compute on, measured before any plan
-    runs (the cost model's compute is calibrated on them)."""
-    from ..torch import single, unet
-    from .lab01 import one_device
-    x, y = unet.training_data(cfg)
-    with one_device() as device:
-        return {b: single.step_timeline(unet.build(cfg), x, y, batch_size=b, steps=steps,
-                                        device=device, loss_fn=unet.loss_fn(cfg))
-                for b in batches}
-
-
-MARKERS = {"dp": "forward", "pp": "F0", "dp_pp": "F0"}     # where each plan's step starts
-
-
-def axis_bytes(plan: str, run: dict, cfg: UNetConfig) -> dict:
-    """A plan's bytes per rank per step on each axis, traced and from the formula
-    (``lab10_choose.expected_bytes``): {"bytes": {rank: {axis: [traced, formula]}},
-    "unexpected_axes": axes that moved bytes no formula names}."""
-    from . import lab10_choose as choose
-    tl, ranks = run["timeline"], run["ranks"]
-    want = choose.expected_bytes(plan, cfg)
-    got = {r: {a: b / cfg.steps for a, b in tl.bytes_by_axis(r).items() if b} for r in ranks}
-    return {"bytes": {r: {a: [got[r].get(a, 0.0), float(want[r][a])] for a in want[r]}
-                      for r in ranks},
-            "unexpected_axes": sorted({a for r in ranks for a in got[r]} -
-                                      {a for r in ranks for a in want[r]})}
-
-
-def measured_rows(runs: dict, cfg: UNetConfig) -> dict:
-    """Per plan of ``runs``: its median warm step (``steps.step_seconds``), measured and
-    replayed, the ranks' share of the measured one spent waiting for a core, and its bytes
-    per rank per step on each axis, traced and from the formula (``axis_bytes``)."""
-    from ..steps import step_seconds
-    return {plan: {"measured_s": step_seconds(runs[plan]["timeline"], MARKERS[plan], skip=2),
-                   "replayed_s": step_seconds(runs[plan]["replayed"], MARKERS[plan], skip=2),
-                   "replay_source": replays.source(runs[plan]["replayed"]),
-                   "core_wait": lessons.core_wait_share(runs[plan]["timeline"],
-                                                        runs[plan]["ranks"]),
-                   **axis_bytes(plan, runs[plan], cfg)}
-            for plan in runs if plan in PLAN_NAMES}
-
-
-def choice_numbers(rows: dict, choices: dict) -> dict:
-    """What lab 10's last lessons read: per plan its measured and PREDICTED step, core
-    wait, bytes per axis; the model's pick; how many cores the ranks shared."""
-    from . import lab10_choose as choose
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    first = next(iter(rows))
-    return {"plans": {p: {**r, "predicted_s": float(choices[p].step_s),
-                          "devices": choices[p].devices_used} for p, r in rows.items()},
-            "pick": choose.pick(choices), "cores": cores,
-            "replay_source": rows[first].get("replay_source", "")}
-
-
-MEASURE_STEPS = 14        # steps of each plan in the measured launch (the first 2 warm up)
-
-
-def _choice_experiment() -> dict:
-    from dataclasses import replace
-
-    from . import lab10_choose as choose
-    timelines = single_step_timelines()
-    cal = choose.calibrate(timelines, run_plans(), CFG, replayed=True)
-    choices = choose.predict(cal, CFG)
-    cfg = replace(CFG, steps=MEASURE_STEPS)
-    return choice_numbers(measured_rows(run_plans(cfg=cfg), cfg), choices)
-
-
-@lessons.lesson("10.axis_bytes_match_formula",
-                "in each plan, every rank moves per step, on each mesh axis, the bytes its "
-                "formula gives (pp: 2 × the cut's tensors × m micro-batches; dp: 4 bytes per "
-                "parameter the rank holds), to the byte",
-                _choice_experiment)
-def axis_bytes_match_formula(m: dict):
-    pairs = [(p, r, a, got, want) for p, x in m["plans"].items()
-             for r, axes in x["bytes"].items() for a, (got, want) in axes.items()]
-    off = [q for q in pairs if abs(q[3] - q[4]) > 0.5]
-    extra = [(p, x["unexpected_axes"]) for p, x in m["plans"].items() if x["unexpected_axes"]]
-    figures = (f"{len(pairs) - len(off)} of {len(pairs)} (plan, rank, axis) counts match "
-               f"their formula (" + ", ".join(
-                   f"{PLAN_NAMES[p]}: " + ", ".join(f"{a} {w:,.0f} B" for a, (_, w) in
-                                                   x["bytes"][min(x["bytes"])].items())
-                   for p, x in m["plans"].items()) + " on its first rank)")
-    why = "; ".join([f"{PLAN_NAMES[p]} rank {r} {a}: traced {g:,.0f}, formula {w:,.0f}"
-                     for p, r, a, g, w in off[:3]]
-                    + [f"{PLAN_NAMES[p]} moved bytes on {axes}, which no formula names"
-                       for p, axes in extra])
-    return not off and not extra, figures, why
-
-
-CHOICE_MARGIN = 1.3       # the pick's replayed step against the other plan on all devices
-
-
-@lessons.lesson("10.the_choice_holds_here",
-                "of the plans that use all 4 devices, the one the cost model predicts "
-                "quickest also takes the quickest step replayed on dedicated devices, at "
-                "least 1.3x quicker than the other",
-                _choice_experiment)
-def the_choice_holds_here(m: dict):
-    plans, pick = m["plans"], m["pick"]
-    others = [p for p, x in plans.items() if p != pick and x["devices"] == plans[pick]["devices"]]
-    if not others:
-        return False, f"only {PLAN_NAMES[pick]} was measured", "nothing to compare it with"
-    rival = min(others, key=lambda p: plans[p]["replayed_s"])
-    margin = plans[rival]["replayed_s"] / plans[pick]["replayed_s"]
-    figures = (f"the model's pick {PLAN_NAMES[pick]}: {plans[pick]['replayed_s'] * 1e3:.1f} ms "
-               f"replayed (PREDICTED {plans[pick]['predicted_s'] * 1e3:.1f} ms); "
-               f"{PLAN_NAMES[rival]}: {plans[rival]['replayed_s'] * 1e3:.1f} ms replayed "
-               f"(PREDICTED {plans[rival]['predicted_s'] * 1e3:.1f} ms): {margin:.2f}x")
-    why = (f"the cost model gave {PLAN_NAMES[rival]} "
-           f"{plans[rival]['predicted_s'] / plans[pick]['predicted_s']:.2f}x the pick's step "
-           "(PREDICTED)")
-    return margin >= CHOICE_MARGIN, figures, why, m.get("replay_source", "")
-
-
-# ------------------------------------------------------------------ exercise 10.1: what crosses a cut
-def _cut_bytes(cut, micro_batch, size=32, base=8):
-    # every tensor made before the cut and read after it crosses, forward; its gradient
-    # (as many numbers) comes back; 4 bytes a number
-    from ..torch.models import UNet
-    numbers = sum(tensor_elements(n, size, base) for n in crossing(UNet.BLOCKS, cut))
-    return (4 * micro_batch * numbers, 4 * micro_batch * numbers)
-
-
-register(Exercise(
-    name="cut_bytes",
-    reference=_cut_bytes,
-    cases=[(c, mb, s, b) for c in range(1, 6) for mb, s, b in ((4, 32, 8), (1, 64, 16), (3, 128, 4))],
-    hint="list, for the cut, every tensor made by a block before it and read by a block after "
-         "it (the skips e1 and e2 are read by the decoder, far away); each image's tensor has "
-         "channels × side × side numbers, the side halving and the channels doubling at each "
-         "level down; forward and backward move the same amount; a float32 is 4 bytes.",
-    close=lambda got, want: tuple(got) == tuple(want),
-))
-
-
-def traced_bytes_at_cuts(cuts=(1, 2, 3, 4, 5), *, cfg: UNetConfig = CFG, devices=None) -> dict:
-    """Run a 2-stage pipeline of the U-Net cut at each block boundary in ``cuts`` (one
-    step, one launch) and count, per cut, the bytes the first stage sent forward and
-    received back per micro-batch (traced): {cut: (forward, backward)}."""
-    from dataclasses import replace
-
-    from ..torch import unet
-    one = replace(cfg, steps=1)
-    res = launch(unet.pipeline_at_cuts, 2, args=(one, tuple(cuts)), devices=devices, timeout=120)
-    out = {}
-    for entry in res.results[0]:
-        t = traced_cut_bytes(res.timeline.window(*entry["window"]), 0, 1, cfg.micro_batches)
-        out[entry["cut"]] = (sum(t["forward"].values()), sum(t["backward"].values()))
-    return out
-
-
-def check_cut_bytes(fn, *, cfg: UNetConfig = CFG, devices=None):
-    """Exercise 10.1: the learner's ``fn(cut, micro_batch, size, base) -> (forward,
-    backward)`` bytes, first against the reference on several U-Nets, then against the
-    bytes a real 2-stage pipeline traced at every cut of the lab's U-Net. Returns the
-    function to use next."""
-    from .exercise import EXERCISES
-    use = check("cut_bytes", fn)
-    if use is not fn:
-        return use
-    micro = cfg.global_batch // cfg.micro_batches
-    traced = traced_bytes_at_cuts(cfg=cfg, devices=devices)
-    wrong = [f"cut {c}: yours {fn(c, micro, cfg.size, cfg.base)}, traced "
-             f"({t[0]:,.0f}, {t[1]:,.0f})" for c, t in traced.items()
-             if tuple(fn(c, micro, cfg.size, cfg.base)) != t]
-    if wrong:
-        print("[cut_bytes] right on paper, yet a real pipeline sent other bytes:\n  "
-              + "\n  ".join(wrong) + "\nThe lab goes on with the reference.")
-        return EXERCISES["cut_bytes"].reference
-    print(f"[cut_bytes] and on 2 real ranks, at every cut of the lab's U-Net, your bytes per "
-          f"micro-batch of {micro} images equal the traced ones: " + ", ".join(
-              f"cut {c} {t[0] / 1e3:,.0f} kB" for c, t in traced.items()))
-    return fn
+@lessons.lesson("10.zigzag_balances_the_ring",
+                f"under a causal mask the zig-zag split keeps the ranks' attention work "
+                f"within {BALANCED:.2f}x of each other, where contiguous chunks differ "
+                f"{UNBALANCED:g}x or more",
+                _strategies_experiment)
+def zigzag_balances_the_ring(m: dict):
+    ratio = {k: max(v) / min(v) for k, v in m["work"].items()}
+    figures = ", ".join(f"{k} {ratio[k]:.2f}x ({', '.join(f'{t * 1e3:.0f}' for t in m['work'][k])} ms)"
+                        for k in ratio) + " busiest/idlest rank's attention"
+    shown = ratio["zigzag"] <= BALANCED and ratio["contiguous"] >= UNBALANCED
+    return (shown, figures, "the split's imbalance is not what the causal mask makes it",
+            f"replayed on {m['devices']} dedicated devices, each block's CPU time")

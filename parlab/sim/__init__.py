@@ -18,7 +18,8 @@ every rank's step program), ``timelines`` (one function per strategy; ``servers`
 a fitting and a held-out set), ``validate`` (the model's prediction of each), ``model``
 (clusters, workloads), ``summary`` (the summary model), ``calibrate`` (fits to what a
 lab measured), ``checks`` (every input checked where it enters), ``limits`` (the largest
-timeline the engine draws: 64 ranks, 100,000 operations; networks of 10,000 layers).
+timeline the engine draws: 64 ranks, 100,000 operations; networks of 10,000 layers),
+``context`` (context parallelism next to tp and sp: a rank's activations and bytes).
 
 Inputs
     ``Network``     a model as layers: ``Network.mlp(sizes, optimizer="sgd")``,
@@ -97,7 +98,11 @@ Memory per device: ``memory(net, batch, dp=, tp=, pp=, micro_batches=, schedule=
 cluster=, zero=, recompute=, sequence_parallel=)`` -> the busiest device's ``Memory``
 (params, grads, optimizer, activations, gathered-parameter buffers, capacity; ``fits``;
 ``check()`` raises ``DoesNotFit`` naming what to change); ``memory_per_device`` (one per
-stage), ``parameter_server_memory``.
+stage), ``parameter_server_memory``. Context parallelism (ring attention):
+``split_transformer(net, batch, tp=, cp=, sequence_parallel=, layout=)`` -> a rank's
+activation bytes and bytes per axis ("tp", "tp_grads", "cp", "cp_grads");
+``context.choices(net, batch, node=, devices=, gpu_bytes=)`` and ``context.table`` (rows
+for tp, tp + sp, cp and their mix; ``context.llama3_405b()`` at 128K tokens).
 
 Checked against papers: ``published.checks()`` / ``published.lines()`` (in-sample: GPipe
 Table 2, Megatron-LM's 8-way weak scaling, nccl-tests' bus bandwidth); against 94
@@ -114,9 +119,10 @@ The summary model (lab 07, and runs of thousands of GPUs): ``Workload``, ``Plan`
 overlap_tp=)`` -> ``Prediction``, ``plans``, ``calibrated``, ``with_links``, ``presets``
 (language models), and the closed forms ``send_s``, ``all_reduce_s``, ``bubble``.
 """
-from . import calibrate, clusters, published
+from . import calibrate, clusters, context, published
 from .clusters import (a100_nvlink, gpu_presets, h100_infiniband, h100_nodes, h100_nvlink,
                        t4_pcie, v100_dgx2h)
+from .context import split_transformer
 from .costs import Measured, Roofline
 from .layers import Gemm, Layer
 from .network import Network
@@ -139,4 +145,5 @@ __all__ = [
     "parameter_server_memory", "pipeline", "plans", "predict", "presets", "published", "send_s",
     "single_device", "t4_pcie", "tensor_parallel", "timeline", "v100_dgx2h",
     "with_links", "replay", "ReplayedTimeline", "ReplayStuck", "TwoTier", "link_preset",
+    "context", "split_transformer",
 ]

@@ -32,7 +32,9 @@ units (gated: SwiGLU's three matrices, Shazeer, 2020), on a sequence of s tokens
   every tp rank repeats the two norms (2sh each), the two residual adds (3sh each) and
   with dropout the two dropouts (2sh each).
 * under tensor parallelism the block all-reduces its s h output twice forward and its
-  input's gradient twice backward (Shoeybi et al., 2019, figure 4).
+  input's gradient twice backward (Shoeybi et al., 2019, figure 4); every tp rank holds
+  the norms and the row-parallel layers' biases whole (``replicated_params``), whose
+  gradients sequence parallelism all-reduces over tp once a step.
 """
 from __future__ import annotations
 
@@ -86,7 +88,8 @@ def block(name: str, seq: int, hidden: int, heads: int, *, kv_heads: int | None 
                  saved_elems=split / ab, elementwise_bytes=softmax + mlp + rope,
                  replicated_bytes=repeated, tp_all_reduces=2, gemms=gemms,
                  saved_replicated_elems=replicated / ab, attention_elems=attention / ab,
-                 attention_bytes=softmax, backward_gemms=gemms[1:2] if flash else ())
+                 attention_bytes=softmax, backward_gemms=gemms[1:2] if flash else (),
+                 replicated_params=norms + (2 * h if bias else 0))   # + proj's, down's bias
 
 
 def embedding(seq: int, hidden: int, vocab: int, *, act_bytes: int = AB) -> Layer:
@@ -110,4 +113,5 @@ def head(seq: int, hidden: int, vocab: int, *, tied: bool, norm: str = "layernor
                  saved_elems=4.0 * seq * vocab / act_bytes,
                  elementwise_bytes=(4.0 + 4.0) * seq * vocab,      # softmax: float32 r + w
                  replicated_bytes=act_bytes * 2.0 * seq * hidden, tp_all_reduces=1, gemms=(gemm,),
-                 saved_replicated_elems=2.0 * seq * hidden)
+                 saved_replicated_elems=2.0 * seq * hidden,
+                 replicated_params=params - (0 if tied else vocab * hidden))   # the norm

@@ -103,11 +103,15 @@ class Layer:
     attention_bytes: float = 0.0
     backward_gemms: tuple = ()       # products the backward runs besides the two of each
                                      # forward one (flash attention's recomputed scores)
+    replicated_params: int = 0       # held whole by every tp rank (norms, row layers'
+                                     # biases): sequence parallelism all-reduces their
+                                     # gradients over tp (``sim.context``)
 
     def __post_init__(self):
         owner = f"Layer {self.name!r}"
         count(owner, "params", self.params, minimum=0)
         count(owner, "tp_all_reduces", self.tp_all_reduces, minimum=0)
+        count(owner, "replicated_params", self.replicated_params, minimum=0)
         for name in ("flops", "out_elems", "saved_elems", "elementwise_bytes",
                      "replicated_bytes", "saved_replicated_elems", "attention_elems",
                      "attention_bytes"):

@@ -179,8 +179,10 @@ def optimizer(name: str, params, lr: float):
 
 def train_reference(cfg: GPTConfig, batch_size: int = 8, steps: int = 3, lr: float = 0.1,
                     seed: int = 0, optimizer_name: str = "sgd") -> dict:
-    """The whole model trained on one device: losses, the first step's logits and
-    gradients, the final weights (numpy, by parameter name)."""
+    """The whole model trained on one device: losses, the first step's logits,
+    gradients and bytes saved for the backward pass, the final weights (numpy, by
+    parameter name)."""
+    from .memory import saved_tensor_counter
     model = build(cfg, seed)
     opt = optimizer(optimizer_name, model.parameters(), lr)
     batches = token_batches(cfg, batch_size, seed)
@@ -188,13 +190,50 @@ def train_reference(cfg: GPTConfig, batch_size: int = 8, steps: int = 3, lr: flo
     for step in range(steps):
         x, y = next(batches)
         opt.zero_grad()
-        logits = model(x)
-        loss = lm_loss(logits, y)
+        with saved_tensor_counter(model) as saved:
+            logits = model(x)
+            loss = lm_loss(logits, y)
         loss.backward()
         if step == 0:
+            out["saved_for_backward"] = saved.bytes
             out["first_logits"] = logits.detach().numpy().copy()
             out["first_grads"] = {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
         opt.step()
         out["losses"].append(loss.item())
     out["weights"] = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
     return out
+
+
+LANGUAGE = GPTConfig(vocab=128, seq_len=32, d_model=64, heads=4, layers=2)
+
+
+def learn_language(cfg: GPTConfig = LANGUAGE, steps: int = 60, batch_size: int = 16,
+                   lr: float = 3e-3, seed: int = 0, prompt: str = "the") -> dict:
+    """Train the model with Adam on the generated language (``parlab.corpus``), on one
+    device. Returns the training losses, the held-out loss (nats a token), the two
+    baselines it must beat (the unigram model, which counts words, and guessing) and a
+    sentence the trained model writes after ``prompt``, each word its likeliest."""
+    from .. import corpus
+    torch.manual_seed(seed)
+    model = build(cfg, seed)
+    opt = optimizer("adam", model.parameters(), lr)
+    batches = text_batches(cfg, batch_size, seed)
+    losses = []
+    for _ in range(steps):
+        x, y = next(batches)
+        opt.zero_grad()
+        loss = lm_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    words = corpus.vocabulary()
+    ids = [words.index(w) for w in [corpus.END, *prompt.split()]]   # a sentence's start
+    with torch.no_grad():
+        while len(ids) < cfg.seq_len and words[ids[-1]] != corpus.END or len(ids) < 3:
+            logits = model(torch.tensor([ids]))
+            ids.append(int(logits[0, -1].argmax()))
+        ids = ids[1:]
+    return {"losses": losses, "held_out": held_out_nats(model, cfg, seed + 1),
+            "unigram": corpus.unigram_nats(corpus.tokens(200_000, seed),
+                                           corpus.tokens(50_000, seed + 1)),
+            "uniform": corpus.uniform_nats(), "writes": corpus.text(ids)}

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from ..trace import span
 from . import comm, runtime, training
+from .memory import saved_tensor_counter
 from .groups import as_group
 from .tensor_parallel import _split_size
 from .transformer import GPTConfig, build, mask_future, optimizer, token_batches
@@ -212,8 +213,9 @@ def train_cp(rank: int, world_size: int, cfg: GPTConfig = GPTConfig(), batch_siz
              layout: str = "contiguous", *, group=None) -> dict:
     """Rank function: train the transformer with every sequence split over ``group``
     (default: every rank), on the batches of ``transformer.train_reference``. Returns the
-    losses, this rank's positions, the first step's logits (at those positions) and
-    gradients (whole, after the sum), and the final parameters."""
+    losses, this rank's positions, the first step's logits (at those positions),
+    gradients (whole, after the sum) and bytes saved for the backward pass, and the final
+    parameters."""
     g, device = as_group(group), runtime.rank_device()
     model = context_parallel_model(cfg, seed, g, layout).to(device)
     opt = optimizer(optimizer_name, model.parameters(), lr)
@@ -223,7 +225,7 @@ def train_cp(rank: int, world_size: int, cfg: GPTConfig = GPTConfig(), batch_siz
     here = here.to(device)
     for step in range(steps):
         x, y = (t.to(device)[:, here] for t in next(batches))
-        with span("forward"):
+        with span("forward"), saved_tensor_counter(model) as saved:
             opt.zero_grad()
             logits = model(x, positions=here)
             # this chunk's share of the mean over every position of the batch
@@ -233,6 +235,7 @@ def train_cp(rank: int, world_size: int, cfg: GPTConfig = GPTConfig(), batch_siz
             loss.backward()
             training.all_reduce_gradients(model, g)
         if step == 0:
+            out["saved_for_backward"] = saved.bytes
             out["first_logits"] = logits.detach().cpu().numpy().copy()
             out["first_grads"] = {n: p.grad.cpu().numpy().copy()
                                   for n, p in model.named_parameters()}
