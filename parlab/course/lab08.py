@@ -204,22 +204,13 @@ def plot_zero_steps(run, variants=("ddp", "zero1", "zero2", "zero3"), *, rank: i
     its own start; transfers coloured by their collective (drawn as ``plot.timeline``'s
     axis colours: all_gather, all_reduce, reduce_scatter)."""
     from .. import plot, zero as zero_plan
-    from ..sim import ReplayedTimeline
-    from ..steps import quickest_step
     from ..torch import zero
-    from ..trace import Span, Timeline
     tl = run.timeline if measured else replays.replayed(run)
-    windows = zero.variant_windows(tl, variants)
-    spans = []
-    for lane, v in enumerate(variants):
-        step = quickest_step(tl.window(*windows[v]).filter(ranks=[rank]), skip=1)
-        spans += [Span(lane, s.kind, s.name.replace("grad ", "").replace("param ", ""),
-                       s.start - step.start, s.end - step.start, s.bytes,
-                       axis=zero_plan.op_of(s.name) if s.kind == "comm" else None)
-                  for s in step.spans]
+    shown = replays.quickest_steps(
+        tl, zero.variant_windows(tl, variants), {v: zero.LABELS[v] for v in variants},
+        rank=rank, axis_of=zero_plan.op_of,
+        rename=lambda name: name.replace("grad ", "").replace("param ", ""))
     how = "measured on this machine" if measured else "replayed on dedicated devices"
-    built = Timeline(spans) if measured else ReplayedTimeline(spans, notes=tl.notes)
-    shown = replays.lanes_named(built, {lane: zero.LABELS[v] for lane, v in enumerate(variants)})
     return plot.timeline(shown, color_by="axis", names=False,
                          title=title or f"rank {rank}, the quickest step of each ({how})")
 

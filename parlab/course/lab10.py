@@ -18,6 +18,9 @@ LEARN_STEPS = 150
 BELOW_UNIGRAM = 0.5         # lesson 10.model_learns: held-out nats at least this far below
 BALANCED = 1.10             # lesson 10.zigzag_balances_the_ring: busiest / idlest rank
 UNBALANCED = 2.0            # ... and the contiguous split at least this uneven
+# ... and contiguous's busiest rank at least this much slower (a causal ring's busiest
+# rank does (2n - 1)/n of the mean: 1.75x at n = 4)
+QUICKER = 1.3
 
 
 def library_plan() -> dict:
@@ -28,10 +31,11 @@ def library_plan() -> dict:
 
 
 def config():
-    """The lab's transformer: 2 blocks of width 128, 4 heads, 256 positions, a
-    vocabulary of 256 (``transformer.GPTConfig``)."""
+    """The lab's transformer: 2 blocks of width 128, 4 heads, 512 positions (long enough
+    that a zig-zag ring's attention tiles outweigh their fixed costs), a vocabulary of
+    256 (``transformer.GPTConfig``)."""
     from ..torch.transformer import GPTConfig
-    return GPTConfig(vocab=256, seq_len=256, d_model=128, heads=4, layers=2)
+    return GPTConfig(vocab=256, seq_len=512, d_model=128, heads=4, layers=2)
 
 
 def learn(steps: int = LEARN_STEPS) -> dict:
@@ -107,8 +111,8 @@ def windows(tl, strategies) -> dict:
 
 def comm_rows(run: LaunchResult) -> dict:
     """Per strategy run by hand: the bytes rank 0 handed to communication per step,
-    traced, and the formula's (``expected_comm_bytes`` of each module); for tensor and
-    sequence parallelism also what a ring sends (``parlab.zero.sent_bytes``)."""
+    traced, the formula's (``expected_comm_bytes`` of each module), and what ring
+    algorithms send for them (``parlab.zero.sent_bytes``; a ring pass once)."""
     from ..torch import transformer_cp, transformer_sp, transformer_tp, zero
     cfg, batch, n = _settings(run)["cfg"], _settings(run)["batch_size"], len(run.results)
     tl, rows = run.timeline, {}
@@ -124,9 +128,11 @@ def comm_rows(run: LaunchResult) -> dict:
         else:
             formula = transformer_cp.expected_comm_bytes(cfg, batch, n)["total"]
         steps = _settings(run)["steps"]
-        row = {"traced": traced / steps, "formula": formula}
-        if not name.startswith("cp_"):
-            row["sent"] = zero.bytes_per_step(tl, window, 0, n, steps)["sent"]
+        row = {"traced": traced / steps, "formula": formula,
+               "sent": zero.bytes_per_step(tl, window, 0, n, steps)["sent"]}
+        if name.startswith("cp_"):         # a ring pass is sent once, traced at both ends
+            row["sent"] += sum(s.bytes for s in part.spans if s.rank == 0 and s.kind == "comm"
+                               and s.name.startswith("isend")) / steps
         rows[name] = row
     return rows
 
@@ -145,10 +151,11 @@ def memory_rows(run: LaunchResult, ref: dict) -> dict:
 
 
 def attention_work(tl, run: LaunchResult) -> dict:
-    """Per layout of context parallelism: each rank's seconds of attention blocks
+    """Per layout of context parallelism: each rank's seconds of attention tiles
     (forward and backward) in a step, read from ``tl`` (a replay: the CPU time each
-    block took; the measurement: its wall time). A rank's step is its least disturbed
-    one after the first (the least work: nothing ever makes a block quicker)."""
+    block took; the measurement: its wall time). A rank runs the same blocks in every
+    step; each counts with its least disturbed duration over the steps (nothing makes a
+    block quicker than its work, while a busy machine makes any of them slower)."""
     from ..torch.transformer_cp import ATTENTION, ATTENTION_BACKWARD
     layouts = [s for s in _settings(run)["strategies"] if s.startswith("cp_")]
     out = {}
@@ -156,18 +163,37 @@ def attention_work(tl, run: LaunchResult) -> dict:
         part = tl.window(*window)
         work = []
         for r in sorted(part.ranks):
-            steps = part.step_windows("forward", r)[1:] or part.step_windows("forward", r)
-            work.append(min(sum(s.duration for s in part.window(a, b).spans if s.rank == r
-                                and s.name in (ATTENTION, ATTENTION_BACKWARD))
-                            for a, b in steps))
+            steps = [[s.duration for s in part.window(a, b).spans if s.rank == r
+                      and s.name in (ATTENTION, ATTENTION_BACKWARD)]
+                     for a, b in part.step_windows("forward", r)]
+            blocks = min(len(step) for step in steps)
+            work.append(sum(min(step[i] for step in steps) for i in range(blocks)))
         out[name[3:]] = work
     return out
+
+
+def _collective(span_name: str) -> str | None:
+    from ..zero import op_of
+    return op_of(span_name) or ("ring pass" if "(ring)" in span_name else None)
+
+
+def plot_steps(run: LaunchResult, *, rank: int = 0, measured: bool = False):
+    """One lane per split: ``rank``'s quickest step of each, replayed on dedicated devices
+    (``measured``: as this machine ran it), transfers coloured by their collective."""
+    from .. import plot
+    tl = run.timeline if measured else replays.replayed(run)
+    done = [s for s in _settings(run)["strategies"] if s != "library"]
+    shown = replays.quickest_steps(tl, windows(tl, done), {s: LABELS[s] for s in done},
+                                   rank=rank, axis_of=_collective)
+    how = "measured on this machine" if measured else "replayed on dedicated devices"
+    return plot.timeline(shown, color_by="axis", names=False,
+                         title=f"rank {rank}, the quickest step of each split ({how})")
 
 
 def plot_ring(run: LaunchResult, *, measured: bool = False):
     """Context parallelism's last step, contiguous above and zig-zag below, one lane per
     rank, replayed on dedicated devices (``measured``: as this machine ran it); the
-    attention blocks in their own colour."""
+    attention tiles in their own colour."""
     from .. import plot
     from ..sim import ReplayedTimeline
     from ..steps import quickest_step
@@ -185,7 +211,7 @@ def plot_ring(run: LaunchResult, *, measured: bool = False):
     how = "measured on this machine" if measured else "replayed on dedicated devices"
     built = Timeline(spans) if measured else ReplayedTimeline(spans, notes=tl.notes)
     return plot.timeline(replays.lanes_named(built, labels), color_by="name", names=False,
-                         order=("attention block", "forward", "backward", "update"),
+                         order=("attention tile", "forward", "backward", "update"),
                          title=f"context parallelism, the quickest step of each split ({how})")
 
 
@@ -209,7 +235,18 @@ def _predicted(name: str, n: int, cfg, batch: int) -> dict:
     return split_transformer(network(cfg), batch, **plan)
 
 
-def memory_table(run: LaunchResult, ref: dict) -> dict:
+def paper_block_bytes(cfg=None, batch: int = BATCH, t: int = 4) -> dict:
+    """What one block keeps for the backward pass by Korthikanti et al. (2022, table 2),
+    in 16-bit numbers with dropout: s·b·h·(34 + 5·a·s/h) on one device; with tensor
+    parallelism over t, s·b·h·(10 + 24/t + 5·a·s/(h·t)); with sequence parallelism too,
+    all of it divided by t."""
+    cfg = cfg or config()
+    sbh, attention = cfg.seq_len * batch * cfg.d_model, 5 * cfg.heads * cfg.seq_len / cfg.d_model
+    return {"one device": sbh * (34 + attention), "tp": sbh * (10 + 24 / t + attention / t),
+            "sp": sbh * (34 + attention) / t}
+
+
+def memory_table(run: LaunchResult, ref: dict, plans=tuple(PLANS)) -> dict:
     """Per plan (one device, tensor, tensor + sequence, context parallel): the bytes rank 0
     saved for the backward pass (measured) and what the cost model predicts
     (``sim.split_transformer``, Korthikanti et al. 2022's count for this block)."""
@@ -217,7 +254,7 @@ def memory_table(run: LaunchResult, ref: dict) -> dict:
     cfg, batch, n = _settings(run)["cfg"], _settings(run)["batch_size"], len(run.results)
     return {name: {"label": LABELS[name], "measured": mem["saved"][name],
                    "predicted": _predicted(name, n, cfg, batch)["activation_bytes"]}
-            for name in PLANS}
+            for name in plans}
 
 
 def plot_memory(rows: dict):
@@ -246,17 +283,22 @@ def plot_memory(rows: dict):
 
 
 def print_choices(run: LaunchResult, ref: dict) -> None:
-    """Per split: the bytes rank 0 keeps for the backward pass and hands to communication
-    per step, measured on this run and predicted by the cost model."""
+    """Per split: the weights rank 0 holds, the activations it keeps for the backward
+    pass and the bytes it sends per step (ring algorithms), measured on this run and
+    predicted by the cost model (float32 weights)."""
     rows, comm = memory_table(run, ref), comm_rows(run)
     cfg, batch, n = _settings(run)["cfg"], _settings(run)["batch_size"], len(run.results)
-    print(f"{'':<32}{'kept, measured':>15}{'predicted':>11}{'sent, traced':>14}{'predicted':>11}"
-          f"   MB per step, rank 0 of {n}")
+    print(f"{'':<28}{'weights':>9}{'pred.':>7}{'kept':>8}{'pred.':>7}{'sent':>8}{'pred.':>7}"
+          f"   MB, rank 0 of {n}: measured, and PREDICTED by parlab.sim (pred.)")
     for name in ("tp", "sp", "cp_zigzag"):
-        sent = sum(_predicted(name, n, cfg, batch)["bytes"].values())
-        print(f"{LABELS[name]:<32}{rows[name]['measured'] / 1e6:>15.2f}"
-              f"{rows[name]['predicted'] / 1e6:>11.2f}{comm[name]['traced'] / 1e6:>14.2f}"
-              f"{sent / 1e6:>11.2f}")
+        predicted = _predicted(name, n, cfg, batch)
+        held = sum(w.nbytes for w in run.results[0][name]["weights"].values())
+        print(f"{LABELS[name]:<28}{held / 1e6:>9.2f}{4 * predicted['params_per_rank'] / 1e6:>7.2f}"
+              f"{rows[name]['measured'] / 1e6:>8.2f}{rows[name]['predicted'] / 1e6:>7.2f}"
+              f"{comm[name]['sent'] / 1e6:>8.2f}{sum(predicted['sent'].values()) / 1e6:>7.2f}")
+    embedding = cfg.seq_len * cfg.d_model * 4
+    print(f"the cost model's GPT has no learned position embedding: {embedding / 1e6:.2f} MB "
+          "of weights whole on every rank here, and their gradients")
 
 
 def print_llama_choices(gpu_bytes: float = 80e9) -> None:
@@ -271,6 +313,40 @@ def print_llama_choices(gpu_bytes: float = 80e9) -> None:
     p = next(r.setup.parallel for r in llama3_2024() if r.setup.parallel.cp > 1)
     print(f"published (Dubey et al., 2024): {p.gpus:,} GPUs as tp {p.tp} x cp {p.cp} x "
           f"pp {p.pp} x dp {p.dp}")
+
+
+def plot_causal_split(n: int = 4):
+    """Which rank computes each tile of causal attention (a query chunk's row against a
+    key chunk's column; above the diagonal the mask leaves nothing to compute), with the
+    sequence in 2n chunks: contiguous (rank r holds chunks 2r and 2r + 1) and zig-zag
+    (``transformer_cp.chunks_of``). Computed, not measured."""
+    import numpy as np
+
+    from .. import plot
+    from ..torch.transformer_cp import chunks_of
+    plt = plot.pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.6))
+    colors = plt.get_cmap("viridis", n)
+    for ax, layout in zip(axes, ("contiguous", "zigzag")):
+        owner = np.full((2 * n, 2 * n), np.nan)
+        for r in range(n):
+            mine = ((2 * r, 2 * r + 1) if layout == "contiguous" else chunks_of(r, n, layout))
+            for q in mine:
+                owner[q, :q + 1] = r
+        ax.imshow(owner, cmap=colors, vmin=-0.5, vmax=n - 0.5)
+        for r in range(n):
+            tiles = int(np.sum(owner == r)) - 2        # the two diagonal tiles are half masked
+            ax.text(2 * n - 0.2, [q for q in range(2 * n) if owner[q, 0] == r][-1],
+                    f"rank {r}: {tiles + 1}", ha="left", va="center", clip_on=False,
+                    fontsize=plot.FONT - 3)
+        ax.set_title(layout.replace("zigzag", "zig-zag"), fontsize=plot.FONT)
+        ax.set_xlabel("key chunk", fontsize=plot.FONT - 2)
+        ax.set_ylabel("query chunk", fontsize=plot.FONT - 2)
+        ax.tick_params(labelsize=plot.FONT - 3)
+    fig.suptitle(f"causal attention in {2 * n} chunks: the tiles each rank computes "
+                 f"(a diagonal one counts half)", fontsize=plot.FONT)
+    fig.tight_layout(w_pad=6)
+    return plot.finish(fig)
 
 
 def plot_attention_work(work: dict):
@@ -339,31 +415,33 @@ def bytes_match_formulas(m: dict):
 
 @lessons.lesson("10.sp_cuts_activation_memory",
                 "sequence parallelism saves less for the backward pass than tensor "
-                "parallelism, by exactly 1 - 1/n of the norms' region, and context "
-                "parallelism less again",
+                "parallelism, by exactly 1 - 1/n of the norms' region",
                 _strategies_experiment)
 def sp_cuts_activation_memory(m: dict):
     mem = m["memory"]
     saved, n = mem["saved"], mem["devices"]
     cut = saved["tp"] - saved["sp"]
     want = mem["norms_region"] * (1 - 1 / n)
-    figures = (f"per rank {saved['tp'] / 1e6:.2f} MB tensor parallel, {saved['sp'] / 1e6:.2f} MB "
-               f"with sequence parallel (cut {cut / 1e6:.3f} MB, formula {want / 1e6:.3f}), "
-               f"{saved['cp_zigzag'] / 1e6:.2f} MB context parallel; one device "
-               f"{saved['one device'] / 1e6:.2f} MB")
-    shown = abs(cut - want) <= 0.01 * want and saved["cp_zigzag"] < saved["sp"]
-    return shown, figures, "the cut is not the norms' region, or context parallel keeps more"
+    figures = (f"per rank {saved['tp']:,} bytes tensor parallel, {saved['sp']:,} with sequence "
+               f"parallel: {cut:,} fewer, the norms' region {want:,.0f} (one device "
+               f"{saved['one device']:,})")
+    return abs(cut - want) <= 0.01 * want, figures, "the cut is not the norms' region"
 
 
 @lessons.lesson("10.zigzag_balances_the_ring",
-                f"under a causal mask the zig-zag split keeps the ranks' attention work "
-                f"within {BALANCED:.2f}x of each other, where contiguous chunks differ "
-                f"{UNBALANCED:g}x or more",
+                f"under a causal mask, zig-zag chunks keep the ranks' attention work within "
+                f"{BALANCED:.2f}x of each other where contiguous chunks differ {UNBALANCED:g}x "
+                f"or more, and the busiest rank does {QUICKER:g}x less",
                 _strategies_experiment)
 def zigzag_balances_the_ring(m: dict):
-    ratio = {k: max(v) / min(v) for k, v in m["work"].items()}
-    figures = ", ".join(f"{k} {ratio[k]:.2f}x ({', '.join(f'{t * 1e3:.0f}' for t in m['work'][k])} ms)"
-                        for k in ratio) + " busiest/idlest rank's attention"
-    shown = ratio["zigzag"] <= BALANCED and ratio["contiguous"] >= UNBALANCED
+    work = m["work"]
+    if any(min(v) <= 0 for v in work.values()):
+        return False, f"attention work per rank {work}", "a rank ran no attention tile"
+    ratio = {k: max(v) / min(v) for k, v in work.items()}
+    quicker = max(work["contiguous"]) / max(work["zigzag"])
+    figures = ("busiest/idlest rank's attention: " + ", ".join(
+        f"{k} {ratio[k]:.2f}x ({', '.join(f'{t * 1e3:.1f}' for t in work[k])} ms)"
+        for k in ratio) + f"; the busiest rank {quicker:.2f}x less with zig-zag")
+    shown = ratio["zigzag"] <= BALANCED and ratio["contiguous"] >= UNBALANCED and quicker >= QUICKER
     return (shown, figures, "the split's imbalance is not what the causal mask makes it",
-            f"replayed on {m['devices']} dedicated devices, each block's CPU time")
+            f"replayed on {m['devices']} dedicated devices, each tile's CPU time")

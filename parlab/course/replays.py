@@ -68,3 +68,23 @@ def between_barriers(tl, name: str, parts: int) -> list[tuple[float, float]]:
         raise ValueError(f"{len(bars)} barriers {name!r} on rank 0: {parts} parts need "
                          f"{2 * parts}")
     return [(bars[2 * k].end, bars[2 * k + 1].start) for k in range(parts)]
+
+
+def quickest_steps(tl, windows: dict, labels: dict, *, rank: int = 0, axis_of=None,
+                   rename=lambda name: name):
+    """One lane per part of a launch that ran parts one after another: ``rank``'s quickest
+    step of each (``windows``: {part: (start, end)} on ``tl``; ``labels``: {part: lane
+    name}), each from its own start; a transfer's axis is ``axis_of(its name)`` (e.g. its
+    collective, for ``plot.timeline(color_by="axis")``). A replay stays a replay."""
+    from ..steps import quickest_step
+    from ..timeline import Timeline
+    from ..trace import Span
+    spans = []
+    for lane, part in enumerate(labels):
+        step = quickest_step(tl.window(*windows[part]).filter(ranks=[rank]), skip=1)
+        spans += [Span(lane, s.kind, rename(s.name), s.start - step.start, s.end - step.start,
+                       s.bytes, axis=axis_of(s.name) if axis_of and s.kind == "comm" else None)
+                  for s in step.spans]
+    built = (sim.ReplayedTimeline(spans, notes=tl.notes) if getattr(tl, "replayed", False)
+             else Timeline(spans))
+    return lanes_named(built, dict(enumerate(labels.values())))

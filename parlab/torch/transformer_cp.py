@@ -33,7 +33,7 @@ from .tensor_parallel import _split_size
 from .transformer import GPTConfig, build, mask_future, optimizer, token_batches
 
 TAG_K, TAG_V, TAG_DK, TAG_DV = 11, 12, 13, 14
-ATTENTION, ATTENTION_BACKWARD = "attention block", "attention block (backward)"
+ATTENTION, ATTENTION_BACKWARD = "attention tile", "attention tile (backward)"
 
 
 def _pass_right(tensors_and_tags, g) -> list:
