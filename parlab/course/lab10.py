@@ -16,11 +16,12 @@ BATCH, STEPS = 4, 3
 TOL = 1e-5                  # float32: the same sums, added in another order
 LEARN_STEPS = 150
 BELOW_UNIGRAM = 0.5         # lesson 10.model_learns: held-out nats at least this far below
-BALANCED = 1.10             # lesson 10.zigzag_balances_the_ring: busiest / idlest rank
-UNBALANCED = 2.0            # ... and the contiguous split at least this uneven
-# ... and contiguous's busiest rank at least this much slower (a causal ring's busiest
-# rank does (2n - 1)/n of the mean: 1.75x at n = 4)
-QUICKER = 1.3
+# lesson 10.zigzag_balances_the_ring: zig-zag's busiest / idlest rank at most BALANCED
+# (even by construction; the CPU time of 4 ranks sharing 2 cores keeps some of their
+# cache and frequency effects: measured 1.01-1.13 with and without busy loops beside),
+# contiguous's at least UNBALANCED, and contiguous's busiest rank at least QUICKER
+# times zig-zag's (a causal ring's busiest rank does (2n - 1)/n of the mean: 1.75x at n = 4)
+BALANCED, UNBALANCED, QUICKER = 1.15, 2.0, 1.25
 
 
 def library_plan() -> dict:
