@@ -19,7 +19,9 @@ a fitting and a held-out set), ``validate`` (the model's prediction of each), ``
 (clusters, workloads), ``summary`` (the summary model), ``calibrate`` (fits to what a
 lab measured), ``checks`` (every input checked where it enters), ``limits`` (the largest
 timeline the engine draws: 64 ranks, 100,000 operations; networks of 10,000 layers),
-``context`` (context parallelism next to tp and sp: a rank's activations and bytes).
+``context`` (context parallelism next to tp and sp: a rank's activations and bytes),
+``experts`` (expert parallelism: an MoE layer's FLOPs, all-to-all bytes and step per
+rank; published MoE runs).
 
 Inputs
     ``Network``     a model as layers: ``Network.mlp(sizes, optimizer="sgd")``,
@@ -103,6 +105,14 @@ stage), ``parameter_server_memory``. Context parallelism (ring attention):
 activation bytes and bytes per axis ("tp", "tp_grads", "cp", "cp_grads");
 ``context.choices(net, batch, node=, devices=, gpu_bytes=)`` and ``context.table`` (rows
 for tp, tp + sp, cp and their mix; ``context.llama3_405b()`` at 128K tokens).
+Expert parallelism: ``moe_layer(name, tokens, d_model, d_ff, experts, top_k, gated=,
+act_bytes=, capacity_factor=)`` -> ``MoELayer`` (params, FLOPs, rows dispatched);
+``expert_parallel(layer, ep, cluster=, dp=, layers=, stride=)`` -> a rank's "params",
+"flops", "bytes" and "sent" ("all_to_all", "routing", "dp_grads"), "seconds", "step_s",
+"memory"; ``experts.traced_all_to_all_bytes`` (the course's traced bytes for a routing,
+exactly); ``experts.published_moe_rows()`` / ``experts.lines()`` (DeepSeek-V3, Mixtral
+8x22B, Qwen2-57B-A14B); the all-to-all itself: ``collectives.all_to_all_s(nbytes, n,
+link)`` (pairwise exchange) and ``collectives.all_to_all_time(cluster, nbytes, size)``.
 
 Checked against papers: ``published.checks()`` / ``published.lines()`` (in-sample: GPipe
 Table 2, Megatron-LM's 8-way weak scaling, nccl-tests' bus bandwidth); against 94
@@ -119,10 +129,11 @@ The summary model (lab 07, and runs of thousands of GPUs): ``Workload``, ``Plan`
 overlap_tp=)`` -> ``Prediction``, ``plans``, ``calibrated``, ``with_links``, ``presets``
 (language models), and the closed forms ``send_s``, ``all_reduce_s``, ``bubble``.
 """
-from . import calibrate, clusters, context, published
+from . import calibrate, clusters, context, experts, published
 from .clusters import (a100_nvlink, gpu_presets, h100_infiniband, h100_nodes, h100_nvlink,
                        t4_pcie, v100_dgx2h)
 from .context import split_transformer
+from .experts import MoELayer, expert_parallel, moe_layer
 from .costs import Measured, Roofline
 from .layers import Gemm, Layer
 from .network import Network
@@ -145,5 +156,5 @@ __all__ = [
     "parameter_server_memory", "pipeline", "plans", "predict", "presets", "published", "send_s",
     "single_device", "t4_pcie", "tensor_parallel", "timeline", "v100_dgx2h",
     "with_links", "replay", "ReplayedTimeline", "ReplayStuck", "TwoTier", "link_preset",
-    "context", "split_transformer",
+    "context", "split_transformer", "experts", "MoELayer", "expert_parallel", "moe_layer",
 ]

@@ -28,12 +28,21 @@ its members share a node; it spans N = size / k nodes.
   of the two. NCCL picks the quicker algorithm; so do we.
 Reduce-scatter and all-gather are each half a ring all-reduce: (n - 1) alpha +
 (n - 1)/n S / B, S the whole buffer.
+* All-to-all (expert parallelism's dispatch and combine; ``sim.experts``): each rank
+  holds S bytes, S / n for each member, and keeps its own share. Pairwise exchange
+  (Thakur, Rabenseifner & Gropp, 2005, MPICH's all-to-all for long messages: n - 1
+  steps, in step i rank r sends to r + i and receives from r - i): (n - 1) alpha +
+  (n - 1)/n S / B. nccl-tests counts the same bus bandwidth (src/alltoall.cu: algorithm
+  bandwidth x (n - 1)/n). Across nodes the n - k shares for other nodes leave over the
+  rank's network cards and the k - 1 for its node over NVLink, both in flight at once
+  (NCCL groups an all-to-all's sends and receives): the slower of the two sets the pace.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import replace
 
+from .checks import amount, count
 from .links import Link, all_reduce_s
 
 NVLS_EFFICIENCY = 0.86        # eta: fitted to the five NVLS measurements above
@@ -102,6 +111,35 @@ def half_ring_time(cluster, nbytes: float, size: int, stride: int = 1) -> float:
     link = ring_link(cluster, size, stride)
     return ((size - 1) * link.latency_s + (size - 1) / size * nbytes / link.bandwidth_Bps
             + cluster.collective_overhead_s)
+
+
+def all_to_all_s(nbytes: float, n: int, link: Link) -> float:
+    """Pairwise-exchange all-to-all of S bytes per rank over n ranks on one link:
+    (n - 1) alpha + (n - 1)/n S / beta (0 for one rank; the module doc)."""
+    n = count("all_to_all_s", "n (ranks)", n)
+    nbytes = amount("all_to_all_s", "nbytes", nbytes, unit="bytes")
+    if n == 1:
+        return 0.0
+    return (n - 1) * link.latency_s + (n - 1) / n * nbytes / link.bandwidth_Bps
+
+
+def all_to_all_time(cluster, nbytes: float, size: int, stride: int = 1) -> float:
+    """An all-to-all of S bytes per rank over a group that may span nodes: inside a node,
+    ``all_to_all_s`` on NVLink; across nodes, the k - 1 shares for the rank's own node
+    over NVLink and the n - k for the others over its cards (``cards_per_device`` of
+    them), at once: the slower of the two, plus the cluster's overhead per call."""
+    size, stride = count("all_to_all_time", "size", size), count("all_to_all_time", "stride",
+                                                                 stride)
+    nbytes = amount("all_to_all_time", "nbytes", nbytes, unit="bytes")
+    if size == 1:
+        return 0.0
+    if not spans_nodes(cluster, size, stride):
+        return all_to_all_s(nbytes, size, cluster.intra) + cluster.collective_overhead_s
+    k = members_per_node(cluster, size, stride)
+    inside = (k - 1) * (cluster.intra.latency_s + nbytes / size / cluster.intra.bandwidth_Bps)
+    cards = cards_per_device(cluster) * cluster.inter.bandwidth_Bps
+    across = (size - k) * (cluster.inter.latency_s + nbytes / size / cards)
+    return max(inside, across) + cluster.collective_overhead_s
 
 
 def describe(cluster, size: int, stride: int = 1) -> str:

@@ -192,11 +192,16 @@ def expert_span(e: int) -> str:
 
 
 class ExpertParallelMoE(nn.Module):
-    """This rank's E / n experts of a dense ``MoE`` and a copy of its router."""
+    """This rank's E / n experts of a dense ``MoE`` and a copy of its router.
 
-    def __init__(self, dense: MoE, group=None):
+    balance_group: the ranks whose tokens make up the batch the balance loss and the
+    returned counts are over; by default ``group``. Data parallel across expert-parallel
+    groups passes every rank, so that the loss is the whole batch's, as on one device."""
+
+    def __init__(self, dense: MoE, group=None, balance_group=None):
         super().__init__()
         g = self.group = as_group(group)
+        self.balance_group = g if balance_group is None else as_group(balance_group)
         self.cfg = dense.cfg
         if dense.cfg.capacity_factor is not None:
             raise ValueError("expert parallelism here applies no capacity: set "
@@ -229,16 +234,18 @@ class ExpertParallelMoE(nn.Module):
                     done = done.index_add(0, mine, expert(rows[mine]))
         back = _AllToAll.apply(done, recv, send, g, "all_to_all (combine)")
         out = torch.zeros_like(x).index_add(0, token, back * weights.reshape(-1)[order, None])
-        counts = comm.all_reduce(per_expert, group=g, name="all_reduce (counts)")
-        tokens = x.shape[0] * g.size
-        aux = balance_loss(probs, experts_of, cfg.experts, group=g,
+        b = self.balance_group
+        counts = comm.all_reduce(per_expert, group=b, name="all_reduce (counts)")
+        tokens = x.shape[0] * b.size
+        aux = balance_loss(probs, experts_of, cfg.experts, group=b,
                            counts=counts.to(probs.dtype), tokens=tokens)
         return out, aux, counts
 
 
-def expert_parallel_model(cfg: MoEConfig, seed: int, group=None) -> Classifier:
+def expert_parallel_model(cfg: MoEConfig, seed: int, group=None, *,
+                          balance_group=None) -> Classifier:
     model = build(cfg, seed)
-    model.moe = ExpertParallelMoE(model.moe, group)
+    model.moe = ExpertParallelMoE(model.moe, group, balance_group)
     return model
 
 
@@ -271,17 +278,17 @@ def train_ep(rank: int, world_size: int, cfg: MoEConfig = MoEConfig(), batch_siz
             loss.backward()
             training.all_reduce_gradients(replicated_parameters(model), g)
         if step == 0:
-            out["first_grads"] = _dense_names(training.grads_numpy(model), model.moe)
+            out["first_grads"] = dense_names(training.grads_numpy(model), model.moe)
         with span("update"):
             opt.step()
         total = comm.all_reduce(ce.detach().reshape(1).clone(), group=g, name="all_reduce (loss)")
         out["losses"].append(total.item() + cfg.aux_weight * aux.item())
         out["per_expert"].append(per_expert.tolist())
-    out["weights"] = _dense_names(training.state_numpy(model), model.moe)
+    out["weights"] = dense_names(training.state_numpy(model), model.moe)
     return out
 
 
-def _dense_names(values: dict, moe: ExpertParallelMoE) -> dict:
+def dense_names(values: dict, moe: ExpertParallelMoE) -> dict:
     """moe.experts.i.* of this rank is moe.experts.(first + i).* of the dense model."""
     out = {}
     for name, v in values.items():
