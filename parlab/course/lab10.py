@@ -415,8 +415,8 @@ def bytes_match_formulas(m: dict):
 
 
 @lessons.lesson("10.sp_cuts_activation_memory",
-                "sequence parallelism saves less for the backward pass than tensor "
-                "parallelism, by exactly 1 - 1/n of the norms' region",
+                "sequence parallelism keeps fewer bytes for the backward pass than tensor "
+                "parallelism, fewer by exactly 1 - 1/n of the norms' region",
                 _strategies_experiment)
 def sp_cuts_activation_memory(m: dict):
     mem = m["memory"]
@@ -424,8 +424,8 @@ def sp_cuts_activation_memory(m: dict):
     cut = saved["tp"] - saved["sp"]
     want = mem["norms_region"] * (1 - 1 / n)
     figures = (f"per rank {saved['tp']:,} bytes tensor parallel, {saved['sp']:,} with sequence "
-               f"parallel: {cut:,} fewer, the norms' region {want:,.0f} (one device "
-               f"{saved['one device']:,})")
+               f"parallel: {cut:,} fewer; (1 - 1/{n}) of the norms' region "
+               f"{mem['norms_region']:,} is {want:,.0f} (one device {saved['one device']:,})")
     return abs(cut - want) <= 0.01 * want, figures, "the cut is not the norms' region"
 
 

@@ -154,12 +154,17 @@ AXIS_HATCHES = {"tp": None, "pp": "||", "dp": "--"}
 # Other axes (lab 08's collectives: all_gather, all_reduce, reduce_scatter, in that order)
 # take these: orange shades, none as dark or as red as wait's vermillion, and patterns of
 # rings, crosses and upright stripes, never the diagonal stripes that mark a wait.
-MORE_AXIS_COLORS = ("#C98A00", "#EDB23A", "#E69F00")
-MORE_AXIS_HATCHES = ("oo", "++", "||")
+# Five of them differ by shade and pattern together (lab 10 shows all_gather, all_reduce,
+# reduce_scatter and its ring passes in one figure); "no axis" sorts after every named one,
+# so that a figure with and one without it give each named axis the same look.
+MORE_AXIS_COLORS = ("#C98A00", "#EDB23A", "#E69F00", "#A86F00", "#F2BA48")
+MORE_AXIS_HATCHES = ("oo", "++", "||", "--", "OO")
 
 
 def _axis_order(axis):
     known = list(AXIS_COLORS)
+    if axis is None:
+        return (2, 0, "")
     return (0, known.index(axis), "") if axis in known else (1, 0, str(axis))
 
 
