@@ -1,139 +1,93 @@
-"""Lab 11's lessons: each check says "shown" on numbers that show its claim and "not
-shown", with the measured reason, on planted numbers that contradict it (no ranks start)."""
-import copy
+"""Lab 11's lessons and exercises: each check says "shown" on numbers that show its claim
+and "not shown", with the reason, on planted numbers that contradict it; the functions
+that read a run are checked on real runs of 4 ranks; the exercises' checks say what is
+wrong with a wrong answer."""
+import pytest
+import torch
 
 from parlab.course import lab11, lessons
+from parlab.course.lab11_exercises import dispatch, kept
 
 
-def learned(disc=0.89, square=0.87):
-    return {"iou": {1: disc, 2: square}, "iou_background": {1: 0.0, 2: 0.0},
-            "iou_before": {1: 0.0, 2: 0.05}, "epochs": 30, "loss": (1.11, 0.03),
-            "pixel_accuracy": 0.98, "background_share": 0.858}
+@pytest.fixture(scope="module")
+def ep_run():
+    cfg = lab11.config(d_ff=64)
+    run = lab11.run_ep(cfg=cfg, batch_size=64, steps=3)
+    return run, lab11.ep_reference(cfg, 64, 3), cfg
 
 
-def test_learning_shown_when_both_shapes_pass_half():
-    v = lessons.evaluate("11.unet_learns_the_shapes", learned())
-    assert v.shown and "disc IoU 0.89 (background everywhere: 0.00" in v.figures
-    assert "square IoU 0.87" in v.figures
+def test_a_real_expert_parallel_run_equals_one_device_and_its_bytes(ep_run):
+    run, ref, cfg = ep_run
+    eq = lab11.equivalence(run.results, ref)
+    assert eq["same_routing"] and max(eq["loss"], eq["gradients"], eq["weights"]) < 1e-5
+    rows = lab11.all_to_all_rows(run, cfg, 64)
+    assert all(r["traced"] == r["formula"] > 0 for r in rows)
+    assert sum(r["assignments"] for r in rows) == 3 * 64 * cfg.top_k
+    work = lab11.expert_work(lab11.replayed(run), 4)
+    assert len(work["compute"]) == 4 and all(t > 0 for t in work["compute"])
+    assert lab11.plot_ep_step(run) is not None and lab11.plot_ep_step(run, measured=True)
 
 
-def test_learning_not_shown_when_a_shape_stays_below_half():
-    v = lessons.evaluate("11.unet_learns_the_shapes", learned(square=0.31))
-    assert not v.shown and "square below 0.5 after 30 epochs" in v.why
-    assert "loss went from 1.110 to 0.030" in v.why
+def test_a_real_mesh_run_carries_its_formula_s_bytes_per_axis():
+    rows = lab11.axis_rows(lab11.run_ep_dp())
+    assert all(r["traced"] == r["formula"] for r in rows)
+    assert lessons.evaluate("11.bytes_per_axis_match", {"axes": rows}).shown
 
 
-def equal(**off):
-    eq = {p: {"loss": 1e-7, "grads": 9e-8, "params": 3e-6, "replicas_identical": True, "steps": 8}
-          for p in ("dp", "pp", "dp_pp")}
-    for plan, changes in off.items():
-        eq[plan].update(changes)
-    return {"equivalence": eq}
-
-
-def test_equivalence_shown_within_the_tolerances():
-    v = lessons.evaluate("11.strategies_equal_one_device", equal())
-    assert v.shown and "dp 4: loss 1.0e-07, gradients 9.0e-08" in v.figures
-
-
-def test_equivalence_not_shown_names_the_plan_and_what_is_off():
-    v = lessons.evaluate("11.strategies_equal_one_device",
-                         equal(dp_pp={"loss": 3e-3}, dp={"replicas_identical": False}))
+def test_the_one_device_checks_read_their_numbers():
+    m = {"baseline": 0.08, "accuracy": {0.0: 0.95, 0.1: 0.94}, "late": {0.0: 3.6, 0.1: 1.4},
+         "empty": {0.0: 3, 0.1: 0}}
+    assert lessons.evaluate("11.experts_learn", m).shown
+    assert lessons.evaluate("11.balance_loss_evens_the_experts", m).shown
+    v = lessons.evaluate("11.balance_loss_evens_the_experts", {**m, "late": {0.0: 2.0, 0.1: 1.6}})
+    assert not v.shown and "2.00 without the loss, 1.60 with it" in v.figures
+    v = lessons.evaluate("11.experts_learn", {**m, "accuracy": {0.0: 0.5, 0.1: 0.94}})
     assert not v.shown
-    assert "dp 2 × pp 2 its loss curve" in v.why and "dp 4 its replicas differ" in v.why
 
 
-def cut(traced_b=32768.0, e1=131072.0):
-    forward = {"e1": e1, "e2": 65536.0, "b": traced_b}
-    return {"traced": {"forward": forward, "backward": dict(forward)}, "micro_batch": 4,
-            "cut": 3, "formula": {"e1": 131072, "e2": 65536, "b": 32768},
-            "cut_bytes": 229376.0, "skips": ["e1", "e2"]}
+def test_the_capacity_check_wants_no_drop_without_a_limit_and_more_drops_below():
+    rows = [{"capacity_factor": None, "dropped_share": 0.0}] + [
+        {"capacity_factor": f, "dropped_share": d} for f, d in ((2.0, 0.2), (1.0, 0.5), (0.5, 0.7))]
+    assert lessons.evaluate("11.capacity_drops_tokens", {"rows": rows}).shown
+    rows[2] = {"capacity_factor": 1.0, "dropped_share": 0.1}
+    assert not lessons.evaluate("11.capacity_drops_tokens", {"rows": rows}).shown
 
 
-def test_skips_shown_when_the_traced_bytes_are_the_formula():
-    v = lessons.evaluate("11.skips_cross_the_cut", cut())
-    assert v.shown and "e1 131,072 B (formula 131,072)" in v.figures
-    assert "the skips e1, e2: 86% of 229,376 B" in v.figures and "back the same" in v.figures
+def test_the_hot_rank_check_names_who_took_the_most_and_who_waited_least():
+    m = {"all_to_all": [{"rank": r, "traced": 1, "formula": 1, "assignments": a}
+                        for r, a in enumerate((100, 300, 900, 50))],
+         "work": {"compute": [0.01, 0.02, 0.05, 0.005], "wait": [0.04, 0.03, 0.001, 0.05]},
+         "equivalence": {"loss": 0, "gradients": 0, "weights": 0, "same_routing": True},
+         "devices": 4}
+    v = lessons.evaluate("11.hot_rank_sets_the_pace", m)
+    assert v.shown and v.source.startswith("replayed on 4 dedicated devices")
+    m["work"]["wait"] = [0.04, 0.0005, 0.001, 0.05]
+    v = lessons.evaluate("11.hot_rank_sets_the_pace", m)
+    assert not v.shown and v.why.startswith("rank 2 took the most tokens")
+    assert lessons.evaluate("11.all_to_all_bytes_match", m).shown
+    assert lessons.evaluate("11.ep_equals_one_device", m).shown
 
 
-def test_skips_not_shown_when_a_tensor_was_not_sent():
-    planted = cut()
-    del planted["traced"]["forward"]["e2"], planted["traced"]["backward"]["e2"]
-    v = lessons.evaluate("11.skips_cross_the_cut", planted)
-    assert not v.shown and "forward e2: traced 0, formula 65,536" in v.why
+def test_the_exercise_checks_accept_the_references_and_name_mistakes(capsys):
+    assert lab11.check_dispatch(dispatch) is dispatch
+    assert lab11.check_capacity(kept) is kept
+    assert capsys.readouterr().out.count("correct") == 2
 
+    def unstable(experts_of, experts):
+        order, counts, inverse = dispatch(experts_of, experts)
+        return order.flip(0), counts, inverse
 
-def test_skips_not_shown_when_they_carry_less_than_three_quarters():
-    planted = cut()
-    planted["formula"] = {"e1": 32768, "e2": 32768, "b": 163840}
-    planted["traced"]["forward"] = {"e1": 32768.0, "e2": 32768.0, "b": 163840.0}
-    planted["traced"]["backward"] = dict(planted["traced"]["forward"])
-    v = lessons.evaluate("11.skips_cross_the_cut", planted)
-    assert not v.shown and "the skips carried only 29%" in v.why
+    def token_major(experts_of, experts, capacity):        # second choices too early
+        mask, taken = torch.zeros_like(experts_of, dtype=torch.bool), [0] * experts
+        for t in range(experts_of.shape[0]):
+            for c in range(experts_of.shape[1]):
+                e = int(experts_of[t, c])
+                if taken[e] < capacity:
+                    taken[e] += 1
+                    mask[t, c] = True
+        return mask
 
-
-def choice(dp_ms=38.8, dp_pp_ms=81.5, off=None, extra=None):
-    plans = {
-        "dp": {"replayed_s": dp_ms / 1e3, "predicted_s": 0.0222, "core_wait": 0.27,
-               "devices": 4, "bytes": {r: {"dp": [117356.0, 117356.0]} for r in range(4)},
-               "unexpected_axes": []},
-        "pp": {"replayed_s": 0.0526, "predicted_s": 0.0265, "core_wait": 0.08, "devices": 2,
-               "bytes": {r: {"pp": [1835008.0, 1835008.0]} for r in range(2)},
-               "unexpected_axes": []},
-        "dp_pp": {"replayed_s": dp_pp_ms / 1e3, "predicted_s": 0.0296, "core_wait": 0.24,
-                  "devices": 4, "unexpected_axes": [],
-                  "bytes": {r: {"pp": [917504.0, 917504.0],
-                                "dp": [72160.0 if r % 2 == 0 else 45196.0] * 2}
-                            for r in range(4)}}}
-    if off:
-        plan, rank, axis, value = off
-        plans[plan]["bytes"][rank][axis][0] = value
-    if extra:
-        plans[extra[0]]["unexpected_axes"] = [extra[1]]
-    return {"plans": plans, "pick": "dp", "cores": 2,
-            "replay_source": "replayed on 4 dedicated devices, this machine's idle link"}
-
-
-def test_axis_bytes_shown_when_every_count_matches():
-    v = lessons.evaluate("11.axis_bytes_match_formula", choice())
-    assert v.shown and "14 of 14" in v.figures and "dp 2 × pp 2: pp 917,504 B, dp 72,160 B" in v.figures
-
-
-def test_axis_bytes_not_shown_names_the_rank_and_axis():
-    v = lessons.evaluate("11.axis_bytes_match_formula", choice(off=("dp_pp", 3, "pp", 786432.0)))
-    assert not v.shown and "13 of 14" in v.figures
-    assert "dp 2 × pp 2 rank 3 pp: traced 786,432, formula 917,504" in v.why
-    v = lessons.evaluate("11.axis_bytes_match_formula", choice(extra=("dp", "world")))
-    assert not v.shown and "dp 4 moved bytes on ['world']" in v.why
-
-
-def test_choice_shown_when_the_pick_is_quicker_by_the_margin():
-    v = lessons.evaluate("11.the_choice_holds_here", choice())
-    assert v.shown and "the model's pick dp 4: 38.8 ms replayed (PREDICTED 22.2 ms)" in v.figures
-    assert "dp 2 × pp 2: 81.5 ms replayed (PREDICTED 29.6 ms): 2.10x" in v.figures
-    assert str(v).startswith("lesson 11.the_choice_holds_here: shown (replayed on 4 dedicated")
-    assert "replayed" not in str(lessons.evaluate("11.axis_bytes_match_formula", choice()))
-
-
-def test_choice_not_shown_when_the_other_plan_comes_close():
-    v = lessons.evaluate("11.the_choice_holds_here", choice(dp_ms=70.0, dp_pp_ms=80.0))
-    assert not v.shown and "1.14x" in v.figures
-    assert "the cost model gave dp 2 × pp 2 1.33x the pick's step (PREDICTED)" in v.why
-
-
-def test_choice_compares_only_plans_on_as_many_devices():
-    planted = choice()
-    planted["plans"]["pp"]["replayed_s"] = 0.001          # quick, but on 2 of the 4 devices
-    v = lessons.evaluate("11.the_choice_holds_here", planted)
-    assert v.shown and "dp 2 × pp 2" in v.figures
-    alone = copy.deepcopy(planted)
-    del alone["plans"]["dp_pp"]
-    v = lessons.evaluate("11.the_choice_holds_here", alone)
-    assert not v.shown and "nothing to compare it with" in v.why
-
-
-def test_the_lab_has_these_lessons():
-    assert {x.name for x in lessons.of_lab("11")} == {
-        "11.unet_learns_the_shapes", "11.strategies_equal_one_device", "11.skips_cross_the_cut",
-        "11.axis_bytes_match_formula", "11.the_choice_holds_here"}
-    assert lab11.CHOICE_MARGIN == 1.3 and lab11.MIN_IOU == 0.5
+    assert lab11.check_dispatch(unstable) is dispatch
+    assert "not grouped by expert" in capsys.readouterr().out
+    assert lab11.check_capacity(token_major) is kept
+    assert "first choices go before any second choice" in capsys.readouterr().out

