@@ -58,11 +58,11 @@ def plot_balance(out: dict):
                        title="the balance loss evens out the experts' tokens (measured, one device)")
 
 
-def sweep():
-    """Capacity factors applied to a router trained without the balance loss
-    (``moe_runs.capacity_sweep``)."""
-    from ..torch.moe_runs import capacity_sweep
-    return capacity_sweep()
+def sweep(balance_weight: float = 0.0):
+    """Capacity factors applied to a router trained with the balance loss at
+    ``balance_weight`` (by default none: an uneven router) (``moe_runs.capacity_sweep``)."""
+    from ..torch.moe_runs import BALANCE_CFG, capacity_sweep
+    return capacity_sweep(replace(BALANCE_CFG, aux_weight=balance_weight))
 
 
 def plot_capacity(rows):
@@ -150,11 +150,11 @@ def plot_ep_step(run: LaunchResult, *, measured: bool = False):
     from .. import plot
     tl = run.timeline if measured else replays.replayed(run)
     step = tl.step(-1)
-    how = "measured on this machine" if measured else "replayed on dedicated devices"
     shown = replays.lanes_named(step, {r: f"rank {r}" for r in step.ranks})
+    title = ("the same step as this machine ran it (measured)" if measured else
+             "the rank with the busiest experts sets the pace (replayed on dedicated devices)")
     return plot.timeline(shown, color_by="name", names=False,
-                         order=tuple(f"expert {e}" for e in range(8)),
-                         title=f"the rank with the busiest experts sets the pace ({how})")
+                         order=tuple(f"expert {e}" for e in range(8)), title=title)
 
 
 def run_ep_dp(*, cfg=None, batch_size: int = 64, steps: int = 3, timeout: float = 240.0):
