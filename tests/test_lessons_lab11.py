@@ -91,3 +91,28 @@ def test_the_exercise_checks_accept_the_references_and_name_mistakes(capsys):
     assert "not grouped by expert" in capsys.readouterr().out
     assert lab11.check_capacity(token_major) is kept
     assert "first choices go before any second choice" in capsys.readouterr().out
+
+
+def test_the_wait_check_compares_all_ranks_waiting_with_and_without_the_loss():
+    m = {0.0: {"wait": [0.04, 0.004, 0.009, 0.03], "compute": [0.001] * 4,
+               "assignments": [41, 826, 920, 261]},
+         0.1: {"wait": [0.008, 0.002, 0.004, 0.008], "compute": [0.001] * 4,
+               "assignments": [480, 604, 555, 409]}}
+    v = lessons.evaluate("11.balance_loss_shortens_the_wait", m)
+    assert v.shown and "x less" in v.figures and v.source.startswith("replayed on 4")
+    m[0.1]["wait"] = [0.03, 0.01, 0.01, 0.02]
+    assert not lessons.evaluate("11.balance_loss_shortens_the_wait", m).shown
+
+
+def test_expert_parallelism_from_a_trained_router_routes_as_that_router_does():
+    from parlab.torch import moe, training
+    cfg = lab11.config(d_ff=64)
+    trained = moe.build(cfg, seed=5)
+    start = {k: v for k, v in training.state_numpy(trained).items()
+             if k.startswith(("inp.", "moe.router."))}
+    run = lab11.run_ep(cfg=cfg, batch_size=64, steps=1, start=start)
+    x, _ = training.on_device(*next(training.digit_batches("mlp", 64)), "cpu")
+    model = moe.build(cfg, seed=0)
+    model.load_state_dict({k: torch.as_tensor(v) for k, v in start.items()}, strict=False)
+    _, _, per_expert = model(x)
+    assert run.results[0]["per_expert"][0] == per_expert.tolist()

@@ -17,6 +17,7 @@ LEARNS = 0.8                # lesson 11.experts_learn: test accuracy at least th
 EVEN = 1.8                  # lesson 11.balance_loss_evens_the_experts: late busiest/mean
 EVENER = 1.5                # ... and at least this much below the run without the loss
 DROPS = 0.25                # lesson 11.capacity_drops_tokens: dropped at capacity factor 1
+WAIT_LESS = 1.5             # lesson 11.balance_loss_shortens_the_wait: all ranks' waiting
 
 
 def config(**over):
@@ -78,12 +79,30 @@ def plot_capacity(rows):
 
 # ------------------------------------------------------------------ expert parallelism
 def run_ep(*, devices=None, cfg=None, batch_size: int = BATCH, steps: int = STEPS,
-           timeout: float = 240.0) -> LaunchResult:
-    """Expert parallelism on 4 ranks (``moe.train_ep``): 2 experts a rank."""
+           start=None, timeout: float = 240.0) -> LaunchResult:
+    """Expert parallelism on 4 ranks (``moe.train_ep``): 2 experts a rank; ``start``:
+    weights to begin from (e.g. a trained router)."""
     from ..torch import moe
     n = devices.n if devices is not None else 4
-    return launch(moe.train_ep, n, args=(cfg or config(), batch_size, steps), timeout=timeout,
-                  devices=devices)
+    return launch(moe.train_ep, n, args=(cfg or config(), batch_size, steps),
+                  kwargs={"start": start}, timeout=timeout, devices=devices)
+
+
+def run_trained_routers(learned: dict, *, devices=None) -> dict:
+    """Expert parallelism (the lab's wide experts) routed by each router ``learn``
+    trained, without and with the balance loss: {weight: run}."""
+    return {w: run_ep(devices=devices, start=learned[w]["router"])
+            for w in learned if w != "baseline"}
+
+
+def wait_numbers(runs: dict) -> dict:
+    """Per router: each rank's replayed seconds of waiting and of expert work (the steps
+    after the first), and the assignments each rank's experts took."""
+    out = {}
+    for w, run in runs.items():
+        work = expert_work(replays.replayed(run), len(run.results))
+        out[w] = {**work, "assignments": [r["assignments"] for r in all_to_all_rows(run)]}
+    return out
 
 
 def ep_reference(cfg=None, batch_size: int = BATCH, steps: int = STEPS) -> dict:
@@ -300,6 +319,26 @@ def hot_rank_sets_the_pace(m: dict):
     return (hot == longest == least, figures,
             f"rank {hot} took the most tokens, rank {longest} computed longest, rank {least} "
             "waited least", f"replayed on {m['devices']} dedicated devices, each span's CPU time")
+
+
+def _wait_experiment() -> dict:
+    return wait_numbers(run_trained_routers(learn()))
+
+
+@lessons.lesson("11.balance_loss_shortens_the_wait",
+                f"routed by the router trained with the balance loss, the ranks wait at "
+                f"least {WAIT_LESS:g}x less in all than routed by the one trained without it",
+                _wait_experiment)
+def balance_loss_shortens_the_wait(m: dict):
+    waited = {w: sum(v["wait"]) for w, v in m.items()}
+    without, with_loss = waited[0.0], min(waited[w] for w in waited if w > 0)
+    figures = "; ".join(
+        f"{'no balance loss' if w == 0 else f'weight {w:g}'}: assignments per rank "
+        f"{', '.join(str(a) for a in v['assignments'])}, waiting "
+        f"{', '.join(f'{t * 1e3:.1f}' for t in v['wait'])} ms" for w, v in m.items())
+    return (without >= WAIT_LESS * with_loss, figures + f"; {without / with_loss:.2f}x less",
+            "the balanced router did not shorten the wait enough",
+            "replayed on 4 dedicated devices, each span's CPU time")
 
 
 def _axes_experiment() -> dict:

@@ -243,8 +243,12 @@ class ExpertParallelMoE(nn.Module):
 
 
 def expert_parallel_model(cfg: MoEConfig, seed: int, group=None, *,
-                          balance_group=None) -> Classifier:
+                          balance_group=None, start=None) -> Classifier:
+    """The classifier with its experts split over ``group``; ``start``: weights (numpy, by
+    name; any subset, e.g. a trained router) to load before the split."""
     model = build(cfg, seed)
+    if start:
+        model.load_state_dict({k: torch.as_tensor(v) for k, v in start.items()}, strict=False)
     model.moe = ExpertParallelMoE(model.moe, group, balance_group)
     return model
 
@@ -254,13 +258,15 @@ def replicated_parameters(model: Classifier) -> list:
 
 
 def train_ep(rank: int, world_size: int, cfg: MoEConfig = MoEConfig(), batch_size: int = 64,
-             steps: int = 3, lr: float = 0.1, seed: int = 0, *, group=None) -> dict:
+             steps: int = 3, lr: float = 0.1, seed: int = 0, *, group=None,
+             start=None) -> dict:
     """Rank function: the same training as ``train_reference``, each rank on its rows of
     every batch and holding its experts. Returns the losses (of the whole batch), the
     first gradients and final weights (this rank's experts named as in the dense model),
-    the assignments each expert took per step."""
+    the assignments each expert took per step. ``start``: weights to begin from
+    (``expert_parallel_model``)."""
     g, device = as_group(group), runtime.rank_device()
-    model = expert_parallel_model(cfg, seed, g).to(device)
+    model = expert_parallel_model(cfg, seed, g, start=start).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     batches = training.digit_batches("mlp", batch_size)
     rows = g.rows(batch_size)

@@ -103,6 +103,12 @@ def _train_adam(model: Classifier, cfg: MoEConfig, steps: int, batch_size: int, 
     return seconds
 
 
+def _routing_weights(model: Classifier) -> dict:
+    """What decides where a token goes: the layer in and the router (numpy, by name)."""
+    return {k: v for k, v in training.state_numpy(model).items()
+            if k.startswith(("inp.", "moe.router."))}
+
+
 def balance_over_training(cfg: MoEConfig = BALANCE_CFG, steps: int = 100,
                           batch_size: int = 64, balance_weights=BALANCE_WEIGHTS,
                           seed: int = 0, lr: float = 3e-3) -> dict:
@@ -112,8 +118,8 @@ def balance_over_training(cfg: MoEConfig = BALANCE_CFG, steps: int = 100,
     Returns {weight: run} and "baseline" (the commonest digit's test accuracy), each run
     with, per step: "per_expert" (assignments each expert took), "imbalance" (their
     max / mean), "task_loss" (cross-entropy), "balance_loss" (Switch's, 1 when even);
-    at the end "test_accuracy" and "test_loss". ``cfg.aux_weight`` is replaced by each
-    weight. About 2.5 s a run on 2 cores.
+    at the end "test_accuracy", "test_loss" and "router" (the layer in's and the router's
+    weights, which decide the routing). ``cfg.aux_weight`` is replaced by each weight. About 2.5 s a run on 2 cores.
     """
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps and batch_size must be at least 1, got {steps} and "
@@ -128,7 +134,7 @@ def balance_over_training(cfg: MoEConfig = BALANCE_CFG, steps: int = 100,
         _train_adam(model, run_cfg, steps, batch_size, lr, record)
         evaluated = _evaluate(model, batch_size)
         record.update(test_accuracy=evaluated["test_accuracy"],
-                      test_loss=evaluated["test_loss"])
+                      test_loss=evaluated["test_loss"], router=_routing_weights(model))
         out[weight] = record
     return out
 

@@ -229,7 +229,7 @@ def learn_language(cfg: GPTConfig = LANGUAGE, steps: int = 60, batch_size: int =
     words = corpus.vocabulary()
     ids = [words.index(w) for w in [corpus.END, *prompt.split()]]   # a sentence's start
     with torch.no_grad():
-        while len(ids) < cfg.seq_len and words[ids[-1]] != corpus.END or len(ids) < 3:
+        while len(ids) < 3 or (len(ids) < cfg.seq_len and words[ids[-1]] != corpus.END):
             logits = model(torch.tensor([ids]))
             ids.append(int(logits[0, -1].argmax()))
         ids = ids[1:]
