@@ -54,7 +54,8 @@ def test_the_capacity_check_wants_no_drop_without_a_limit_and_more_drops_below()
 
 
 def test_the_hot_rank_check_names_who_took_the_most_and_who_waited_least():
-    m = {"all_to_all": [{"rank": r, "traced": 1, "formula": 1, "assignments": a}
+    m = {"all_to_all": [{"rank": r, "traced": 1, "formula": 1, "assignments": a,
+                         "assignments_late": a}
                         for r, a in enumerate((100, 300, 900, 50))],
          "work": {"compute": [0.01, 0.02, 0.05, 0.005], "wait": [0.04, 0.03, 0.001, 0.05]},
          "equivalence": {"loss": 0, "gradients": 0, "weights": 0, "same_routing": True},

@@ -101,7 +101,7 @@ def wait_numbers(runs: dict) -> dict:
     out = {}
     for w, run in runs.items():
         work = expert_work(replays.replayed(run), len(run.results))
-        out[w] = {**work, "assignments": [r["assignments"] for r in all_to_all_rows(run)]}
+        out[w] = {**work, "assignments": [r["assignments_late"] for r in all_to_all_rows(run)]}
     return out
 
 
@@ -130,7 +130,7 @@ def equivalence(results, ref: dict) -> dict:
 def all_to_all_rows(run: LaunchResult, cfg=None, batch_size: int = BATCH) -> list[dict]:
     """Per rank: the bytes it handed to all-to-alls over the run (traced) and what the
     steps' routing implies (``moe.expected_all_to_all_bytes``), and the assignments its
-    experts took."""
+    experts took (in all, and in the steps after the first: "assignments_late")."""
     from ..torch.moe import expected_all_to_all_bytes
     cfg, n = cfg or config(), len(run.results)
     local = cfg.experts // n
@@ -141,9 +141,9 @@ def all_to_all_rows(run: LaunchResult, cfg=None, batch_size: int = BATCH) -> lis
         steps = run.results[0]["per_expert"]
         want = sum(expected_all_to_all_bytes(cfg, batch_size // n, step, rank, n)
                    for step in steps)
+        took = [sum(step[rank * local:(rank + 1) * local]) for step in steps]
         rows.append({"rank": rank, "traced": traced, "formula": want,
-                     "assignments": sum(sum(step[rank * local:(rank + 1) * local])
-                                        for step in steps)})
+                     "assignments": sum(took), "assignments_late": sum(took[1:])})
     return rows
 
 
@@ -309,10 +309,10 @@ def all_to_all_bytes_match(m: dict):
                 _ep_experiment)
 def hot_rank_sets_the_pace(m: dict):
     rows, work = m["all_to_all"], m["work"]
-    hot = max(rows, key=lambda r: r["assignments"])["rank"]
+    hot = max(rows, key=lambda r: r["assignments_late"])["rank"]
     longest = max(range(len(work["compute"])), key=work["compute"].__getitem__)
     least = min(range(len(work["wait"])), key=work["wait"].__getitem__)
-    figures = ("assignments " + ", ".join(str(r["assignments"]) for r in rows)
+    figures = ("assignments " + ", ".join(str(r["assignments_late"]) for r in rows)
                + "; experts' work " + ", ".join(f"{t * 1e3:.1f}" for t in work["compute"])
                + " ms; waiting " + ", ".join(f"{t * 1e3:.1f}" for t in work["wait"])
                + " ms (ranks 0-3, steps after the first)")
