@@ -87,6 +87,26 @@ def check(name: str, fn: Callable, *, verbose: bool = True) -> Callable:
     return fn
 
 
+def check_with(name: str, fn: Callable, problem: Callable, reference: Callable,
+               praise: str) -> Callable:
+    """Check the learner's ``fn`` with ``problem(fn)``, which returns None when it is right
+    and otherwise what is wrong, in words; say so, and return the function the lab goes
+    on with: ``fn`` when right, ``reference`` otherwise (unfilled, wrong, or raising)."""
+    reference = fallback(reference)
+    try:
+        found = problem(fn)
+    except NotImplementedError:
+        print(f"[{name}] not attempted yet: the lab goes on with the reference.")
+        return reference
+    except Exception as exc:  # noqa: BLE001 - told to the learner in words
+        found = f"it raised {type(exc).__name__}: {exc}"
+    if found:
+        print(f"[{name}] not yet right: {found}\nThe lab goes on with the reference.")
+        return reference
+    print(f"[{name}] correct: {praise}")
+    return fn
+
+
 def run_on_ranks(name: str, worker, fn, world_size: int = 2):
     """Run the learner's ``fn`` on real ranks through ``worker(rank, world_size, fn)``.
 

@@ -4,7 +4,7 @@ wrong in words and returns the function the lab goes on with: the learner's when
 right, the reference otherwise."""
 from __future__ import annotations
 
-from .exercise import fallback, run_on_ranks
+from .exercise import check_with, fallback, run_on_ranks
 
 
 # ------------------------------------------------------------------ 10.1: the merge
@@ -72,20 +72,10 @@ def _merge_problem(fn) -> str | None:
 
 def check_merge(fn):
     """Check the learner's merge on three cases against attention over every key."""
-    try:
-        problem = _merge_problem(fn)
-    except NotImplementedError:
-        print("[merge_partials] not attempted yet: the lab goes on with the reference.")
-        return fallback(merge_partials)
-    except Exception as exc:  # noqa: BLE001 - told to the learner in words
-        problem = f"it raised {type(exc).__name__}: {exc}"
-    if problem:
-        print(f"[merge_partials] not yet right: {problem}\nThe lab goes on with the reference.")
-        return fallback(merge_partials)
-    print("[merge_partials] correct: on ordinary scores, on scores whose exponentials "
-          "overflow float32, and on a causal block that sees nothing of the second part, "
-          "your merge equals attention over all the keys.")
-    return fn
+    return check_with("merge_partials", fn, _merge_problem, merge_partials,
+                      "on ordinary scores, on scores whose exponentials overflow float32, and "
+                      "on a causal block that sees nothing of the second part, your merge "
+                      "equals attention over all the keys.")
 
 
 # ------------------------------------------------------------------ 10.2: SP's MLP

@@ -3,7 +3,7 @@ capacity. Each check says what is wrong in words and returns the function the la
 on with: the learner's when it is right, the reference otherwise."""
 from __future__ import annotations
 
-from .exercise import fallback
+from .exercise import check_with
 
 
 def _cases():
@@ -60,20 +60,10 @@ def _dispatch_problem(fn) -> str | None:
 
 def check_dispatch(fn):
     """Check the learner's dispatch on three routings."""
-    try:
-        problem = _dispatch_problem(fn)
-    except NotImplementedError:
-        print("[dispatch] not attempted yet: the lab goes on with the reference.")
-        return fallback(dispatch)
-    except Exception as exc:  # noqa: BLE001 - told to the learner in words
-        problem = f"it raised {type(exc).__name__}: {exc}"
-    if problem:
-        print(f"[dispatch] not yet right: {problem}\nThe lab goes on with the reference.")
-        return fallback(dispatch)
-    print("[dispatch] correct: on a random routing, a hot expert and one token, your order "
-          "groups the assignments by expert in token order, your counts size the "
-          "all-to-all, and your inverse puts the rows back.")
-    return fn
+    return check_with("dispatch", fn, _dispatch_problem, dispatch,
+                      "on a random routing, a hot expert and one token, your order groups the "
+                      "assignments by expert in token order, your counts size the all-to-all, "
+                      "and your inverse puts the rows back.")
 
 
 # ------------------------------------------------------------------ 11.2: capacity
@@ -111,16 +101,6 @@ def _capacity_problem(fn) -> str | None:
 
 def check_capacity(fn):
     """Check the learner's capacity mask on three routings and three capacities."""
-    try:
-        problem = _capacity_problem(fn)
-    except NotImplementedError:
-        print("[kept] not attempted yet: the lab goes on with the reference.")
-        return fallback(kept)
-    except Exception as exc:  # noqa: BLE001 - told to the learner in words
-        problem = f"it raised {type(exc).__name__}: {exc}"
-    if problem:
-        print(f"[kept] not yet right: {problem}\nThe lab goes on with the reference.")
-        return fallback(kept)
-    print("[kept] correct: on three routings and capacities 1, 2 and 5 your experts take "
-          "first choices before second ones, in token order, never past their capacity.")
-    return fn
+    return check_with("kept", fn, _capacity_problem, kept,
+                      "on three routings and capacities 1, 2 and 5 your experts take first "
+                      "choices before second ones, in token order, never past their capacity.")
