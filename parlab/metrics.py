@@ -109,8 +109,15 @@ def max_difference(a: dict, b: dict, keys=None) -> float:
     missing = [k for k in keys if k not in a]
     if missing:
         raise KeyError(f"{missing[:3]} missing from the first set (it has {list(a)[:5]}...)")
-    return max((float(np.max(np.abs(np.asarray(a[k], dtype=float) - np.asarray(b[k], dtype=float))))
-                for k in keys), default=0.0)
+    return largest_difference((a[k], b[k]) for k in keys)
+
+
+def largest_difference(pairs) -> float:
+    """Largest absolute difference over (got, want) pairs of arrays (0 for none): what
+    ``max_difference`` reads from two named sets, for a run whose parts pair otherwise
+    (a rank's slice against its part of the whole)."""
+    return max((float(np.max(np.abs(np.asarray(x, dtype=float) - np.asarray(y, dtype=float))))
+                for x, y in pairs), default=0.0)
 
 
 def identical(states) -> bool:

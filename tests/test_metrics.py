@@ -31,3 +31,11 @@ def test_speedup_efficiency_bubble():
     assert metrics.pipeline_bubble(4, 8) == pytest.approx(3 / 11)
     with pytest.raises(ValueError):
         metrics.pipeline_bubble(0, 1)
+
+
+def test_the_largest_difference_over_pairs_is_what_max_difference_reads_by_name():
+    from parlab.metrics import largest_difference, max_difference
+    a, b = {"w": [1.0, 2.0], "b": [0.0]}, {"w": [1.0, 2.5], "b": [-0.25]}
+    assert largest_difference([(a["w"], b["w"]), (a["b"], b["b"])]) == 0.5
+    assert max_difference(a, b) == 0.5 and max_difference(a, b, keys=["b"]) == 0.25
+    assert largest_difference([]) == 0.0

@@ -3,6 +3,7 @@ chunks of the sequence; what its notebook runs, its lessons and its exercises.""
 from __future__ import annotations
 
 from ..launcher import LaunchResult, launch
+from ..metrics import largest_difference
 from . import lessons, replays
 from .exercise import Exercise, check, register, run_on_ranks  # noqa: F401 (lab10.check)
 from .lab10_exercises import check_merge, check_sp_mlp  # noqa: F401 (lab10.check_merge)
@@ -69,11 +70,6 @@ def _settings(run: LaunchResult) -> dict:
     return run.results[0]["settings"]
 
 
-def _largest(pairs) -> float:
-    import numpy as np
-    return max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in pairs)
-
-
 def equivalence(run: LaunchResult, ref: dict) -> dict:
     """Per strategy, the largest difference to one device over every rank: in the losses,
     the first step's logits and gradients, and the weights after the last step (each
@@ -98,9 +94,9 @@ def equivalence(run: LaunchResult, ref: dict) -> dict:
             grads += [(g, part(k, ref["first_grads"][k])) for k, g in got["first_grads"].items()]
             if "weights" in got:
                 weights += [(w, part(k, ref["weights"][k])) for k, w in got["weights"].items()]
-        out[name] = {"loss": _largest(losses), "logits": _largest(logits),
-                     "gradients": _largest(grads),
-                     "weights": _largest(weights) if weights else None}
+        out[name] = {"loss": largest_difference(losses), "logits": largest_difference(logits),
+                     "gradients": largest_difference(grads),
+                     "weights": largest_difference(weights) if weights else None}
     return out
 
 

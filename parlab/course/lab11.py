@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..launcher import LaunchResult, launch
+from ..metrics import largest_difference
 from . import lessons, replays
 from .lab11_exercises import check_capacity, check_dispatch  # noqa: F401 (lab11.check_...)
 from .replays import replayed  # noqa: F401 (lab11.replayed: a run on dedicated devices)
@@ -56,7 +57,8 @@ def plot_balance(out: dict):
         label = "no balance loss" if w == 0 else f"balance loss, weight {w:g}"
         series[label] = (range(1, len(imb) + 1), imb)
     return plot.curves(series, xlabel="Adam step", ylabel="busiest expert / mean", smooth=5,
-                       title="the balance loss evens out the experts' tokens (measured, one device)")
+                       title="the balance loss evens out the experts' tokens "
+                             "(measured, one device)")
 
 
 def sweep(balance_weight: float = 0.0):
@@ -121,11 +123,6 @@ def ep_reference(cfg=None, batch_size: int = BATCH, steps: int = STEPS) -> dict:
     return moe.train_reference(cfg or config(), batch_size, steps)
 
 
-def _largest(pairs) -> float:
-    import numpy as np
-    return max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in pairs)
-
-
 def equivalence(results, ref: dict) -> dict:
     """The largest difference to one device over every rank: losses, the first step's
     gradients and the final weights (each rank's experts and the replicated weights)."""
@@ -133,8 +130,8 @@ def equivalence(results, ref: dict) -> dict:
     for res in results:
         grads += [(g, ref["first_grads"][k]) for k, g in res["first_grads"].items()]
         weights += [(w, ref["weights"][k]) for k, w in res["weights"].items()]
-    return {"loss": _largest((r["losses"], ref["losses"]) for r in results),
-            "gradients": _largest(grads), "weights": _largest(weights),
+    return {"loss": largest_difference((r["losses"], ref["losses"]) for r in results),
+            "gradients": largest_difference(grads), "weights": largest_difference(weights),
             "same_routing": all(r["per_expert"] == ref["per_expert"] for r in results)}
 
 
