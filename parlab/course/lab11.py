@@ -106,13 +106,7 @@ def wait_numbers(runs: dict) -> dict:
     out = {}
     for w, run in runs.items():
         tl, n = replays.replayed(run), len(run.results)
-        steps = []
-        for a, b in tl.step_windows("forward", 0)[1:]:
-            part = tl.window(a, b)
-            steps.append({"wait": [sum(s.duration for s in part.spans if s.rank == r
-                                       and s.kind == "wait") for r in range(n)],
-                          "compute": [sum(s.duration for s in part.spans if s.rank == r
-                                          and s.name.startswith("expert ")) for r in range(n)]})
+        steps = [_per_rank(tl.window(a, b), n) for a, b in tl.step_windows("forward", 0)[1:]]
         least = min(steps, key=lambda step: sum(step["wait"]))
         out[w] = {**least, "assignments": [r["assignments_late"] for r in all_to_all_rows(run)]}
     return out
@@ -143,10 +137,10 @@ def all_to_all_rows(run: LaunchResult, cfg=None, batch_size: int = BATCH) -> lis
     cfg, n = cfg or config(), len(run.results)
     local = cfg.experts // n
     rows = []
+    steps = run.results[0]["per_expert"]
     for rank in range(n):
         traced = sum(s.bytes for s in run.timeline.spans if s.rank == rank
                      and s.kind == "comm" and "all_to_all" in s.name)
-        steps = run.results[0]["per_expert"]
         want = sum(expected_all_to_all_bytes(cfg, batch_size // n, step, rank, n)
                    for step in steps)
         took = [sum(step[rank * local:(rank + 1) * local]) for step in steps]
@@ -155,20 +149,24 @@ def all_to_all_rows(run: LaunchResult, cfg=None, batch_size: int = BATCH) -> lis
     return rows
 
 
-def expert_work(tl, n: int) -> dict:
-    """Per rank, over the steps after the first (the first warms up): seconds of its
-    experts' work (spans "expert e") and of waiting, read from ``tl`` (a replay: each
-    span's CPU time, the waits recomputed on dedicated devices)."""
-    starts = sorted(s.start for s in tl.spans if s.rank == 0 and s.name == "forward")
-    after = starts[1] if len(starts) > 1 else tl.start
-    part = tl.window(after, tl.end)
-    compute, waits = [0.0] * n, [0.0] * n
+def _per_rank(part, n: int) -> dict:
+    """Each rank's seconds of its experts' work (spans "expert e") and of waiting in
+    ``part`` (a window of a timeline)."""
+    out = {"compute": [0.0] * n, "wait": [0.0] * n}
     for s in part.spans:
         if s.name.startswith("expert "):
-            compute[s.rank] += s.duration
+            out["compute"][s.rank] += s.duration
         elif s.kind == "wait":
-            waits[s.rank] += s.duration
-    return {"compute": compute, "wait": waits}
+            out["wait"][s.rank] += s.duration
+    return out
+
+
+def expert_work(tl, n: int) -> dict:
+    """Per rank, over the steps after the first (the first warms up): seconds of its
+    experts' work and of waiting, read from ``tl`` (a replay: each span's CPU time, the
+    waits recomputed on dedicated devices)."""
+    steps = tl.step_windows("forward", 0)
+    return _per_rank(tl.window(steps[1][0] if len(steps) > 1 else tl.start, tl.end), n)
 
 
 def plot_ep_step(run: LaunchResult, *, measured: bool = False):
