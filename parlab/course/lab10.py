@@ -246,12 +246,15 @@ def paper_block_bytes(cfg=None, batch: int = BATCH, t: int = 4) -> dict:
 def memory_table(run: LaunchResult, ref: dict, plans=tuple(PLANS)) -> dict:
     """Per plan (one device, tensor, tensor + sequence, context parallel): the bytes rank 0
     saved for the backward pass (measured) and what the cost model predicts
-    (``sim.split_transformer``, Korthikanti et al. 2022's count for this block)."""
+    (``sim.split_transformer``, Korthikanti et al. 2022's count for this block; its whole
+    prediction under "prediction")."""
     mem = memory_rows(run, ref)
     cfg, batch, n = _settings(run)["cfg"], _settings(run)["batch_size"], len(run.results)
-    return {name: {"label": LABELS[name], "measured": mem["saved"][name],
-                   "predicted": _predicted(name, n, cfg, batch)["activation_bytes"]}
-            for name in plans}
+    rows = {name: {"label": LABELS[name], "measured": mem["saved"][name],
+                   "prediction": _predicted(name, n, cfg, batch)} for name in plans}
+    for row in rows.values():
+        row["predicted"] = row["prediction"]["activation_bytes"]
+    return rows
 
 
 def plot_memory(rows: dict):
@@ -284,11 +287,11 @@ def print_choices(run: LaunchResult, ref: dict) -> None:
     pass and the bytes it sends per step (ring algorithms), measured on this run and
     predicted by the cost model (float32 weights)."""
     rows, comm = memory_table(run, ref), comm_rows(run)
-    cfg, batch, n = _settings(run)["cfg"], _settings(run)["batch_size"], len(run.results)
+    cfg, n = _settings(run)["cfg"], len(run.results)
     print(f"{'':<28}{'weights':>9}{'pred.':>7}{'kept':>8}{'pred.':>7}{'sent':>8}{'pred.':>7}"
           f"   MB, rank 0 of {n}: measured, and PREDICTED by parlab.sim (pred.)")
     for name in ("tp", "sp", "cp_zigzag"):
-        predicted = _predicted(name, n, cfg, batch)
+        predicted = rows[name]["prediction"]
         held = sum(w.nbytes for w in run.results[0][name]["weights"].values())
         print(f"{LABELS[name]:<28}{held / 1e6:>9.2f}{4 * predicted['params_per_rank'] / 1e6:>7.2f}"
               f"{rows[name]['measured'] / 1e6:>8.2f}{rows[name]['predicted'] / 1e6:>7.2f}"
