@@ -267,10 +267,22 @@ def train_ep(rank: int, world_size: int, cfg: MoEConfig = MoEConfig(), batch_siz
     (``expert_parallel_model``)."""
     g, device = as_group(group), runtime.rank_device()
     model = expert_parallel_model(cfg, seed, g, start=start).to(device)
+    sync = lambda m: training.all_reduce_gradients(replicated_parameters(m), g)  # noqa: E731
+    return train_steps(model, cfg, batch_size, steps, lr, g.rows(batch_size), sync, g)
+
+
+def train_steps(model: Classifier, cfg: MoEConfig, batch_size: int, steps: int, lr: float,
+                rows, sync_gradients, loss_group, out: dict | None = None) -> dict:
+    """The training loop of an expert-parallel classifier: SGD on ``rows`` of every batch
+    of the digits; ``sync_gradients(model)`` sums what the ranks share, after each
+    backward pass; the loss is summed over ``loss_group``. Adds to ``out`` the losses (of
+    the whole batch) and the assignments each expert took per step, the first gradients
+    and the final weights (named as in the dense model)."""
+    device = next(model.parameters()).device
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     batches = training.digit_batches("mlp", batch_size)
-    rows = g.rows(batch_size)
-    out = {"losses": [], "per_expert": []}
+    out = {} if out is None else out
+    out.update(losses=[], per_expert=[])
     for step in range(steps):
         x, y = training.on_device(*next(batches), device, rows)
         with span("forward"):
@@ -278,16 +290,17 @@ def train_ep(rank: int, world_size: int, cfg: MoEConfig = MoEConfig(), batch_siz
             logits, aux, per_expert = model(x)
             ce = F.cross_entropy(logits, y, reduction="sum") / batch_size
             # every rank holds the whole aux loss, but its gradient reaches only this
-            # rank's tokens: summed over the ranks below, it is the whole gradient
+            # rank's tokens: summed over the ranks, it is the whole gradient
             loss = ce + cfg.aux_weight * aux
         with span("backward"):
             loss.backward()
-            training.all_reduce_gradients(replicated_parameters(model), g)
+            sync_gradients(model)
         if step == 0:
             out["first_grads"] = dense_names(training.grads_numpy(model), model.moe)
         with span("update"):
             opt.step()
-        total = comm.all_reduce(ce.detach().reshape(1).clone(), group=g, name="all_reduce (loss)")
+        total = comm.all_reduce(ce.detach().reshape(1).clone(), group=loss_group,
+                                name="all_reduce (loss)")
         out["losses"].append(total.item() + cfg.aux_weight * aux.item())
         out["per_expert"].append(per_expert.tolist())
     out["weights"] = dense_names(training.state_numpy(model), model.moe)

@@ -25,12 +25,11 @@ import torch
 import torch.nn.functional as F
 
 from .. import data as datasets
-from ..trace import span
-from . import comm, runtime, training
+from . import runtime, training
 from .groups import as_group
 from .mesh import init_mesh
-from .moe import (Classifier, MoEConfig, build, dense_names, expected_all_to_all_bytes,
-                  expert_parallel_model, replicated_parameters)
+from .moe import (Classifier, MoEConfig, build, expected_all_to_all_bytes,
+                  expert_parallel_model, replicated_parameters, train_steps)
 
 F32, I64 = 4, 8                      # bytes of a float32 and of an int64
 
@@ -226,41 +225,23 @@ def train_ep_dp(rank: int, world_size: int, cfg: MoEConfig = MoEConfig(),
     device = runtime.rank_device()
     model = expert_parallel_model(cfg, seed, ep_line, balance_group=everyone).to(device)
     experts = list(model.moe.experts.parameters())
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
     replica = dp_line.rows(batch_size, "global batch")
     mine = ep_line.rows(batch_size // dp, "replica's batch")
     rows = slice(replica.start + mine.start, replica.start + mine.stop)
-    batches = training.digit_batches("mlp", batch_size)
-    out = {"losses": [], "per_expert": [], "routing": [],
-           "coords": {a: mesh.coord(a) for a in mesh.axes}}
+    out = {"routing": [], "coords": {a: mesh.coord(a) for a in mesh.axes}}
     _count_own_assignments(model, out["routing"])
-    for step in range(steps):
-        x, y = training.on_device(*next(batches), device, rows)
-        with span("forward"):
-            opt.zero_grad()
-            logits, aux, per_expert = model(x)
-            ce = F.cross_entropy(logits, y, reduction="sum") / batch_size
-            loss = ce + cfg.aux_weight * aux      # aux's gradient: this rank's tokens' share
-        with span("backward"):
-            loss.backward()
-            training.all_reduce_gradients(replicated_parameters(model), everyone,
-                                          name="all_reduce (replicated gradients)")
-            if dp > 1:
-                for p in experts:     # an expert no token of this line reached: its share
-                    if p.grad is None:   # is zero, but its replica may have one to add
-                        p.grad = torch.zeros_like(p)
-                training.all_reduce_gradients(experts, dp_line,
-                                              name="dp all_reduce (expert gradients)")
-        if step == 0:
-            out["first_grads"] = dense_names(training.grads_numpy(model), model.moe)
-        with span("update"):
-            opt.step()
-        total = comm.all_reduce(ce.detach().reshape(1).clone(), group=everyone,
-                                name="all_reduce (loss)")
-        out["losses"].append(total.item() + cfg.aux_weight * aux.item())
-        out["per_expert"].append(per_expert.tolist())
-    out["weights"] = dense_names(training.state_numpy(model), model.moe)
-    return out
+
+    def sync(model):
+        training.all_reduce_gradients(replicated_parameters(model), everyone,
+                                      name="all_reduce (replicated gradients)")
+        if dp > 1:
+            for p in experts:     # an expert no token of this line reached: its share
+                if p.grad is None:   # is zero, but its replica may have one to add
+                    p.grad = torch.zeros_like(p)
+            training.all_reduce_gradients(experts, dp_line,
+                                          name="dp all_reduce (expert gradients)")
+
+    return train_steps(model, cfg, batch_size, steps, lr, rows, sync, everyone, out)
 
 
 def replicated_parameter_count(cfg: MoEConfig) -> int:
