@@ -1,139 +1,114 @@
-"""Lab 12's lessons: each check says "shown" on numbers that show its claim and "not
-shown", with the measured reason, on planted numbers that contradict it (no ranks start)."""
-import copy
+"""Lab 12's lessons and exercises: each check says "shown" on numbers that show its claim
+and "not shown", with the reason, on planted numbers that contradict it; the functions
+that read a run are checked on a real run of 4 ranks (a small model); the exercises'
+checks say what is wrong with a wrong answer."""
+from dataclasses import replace
+
+import pytest
 
 from parlab.course import lab12, lessons
+from parlab.course.lab12_exercises import split_backward, zb_h1
+from parlab.split import SplitConfig
+
+SMALL = SplitConfig(sizes=(64,) + (64,) * 9 + (10,), batch_size=64, steps=3, lr=0.05)
 
 
-def learned(disc=0.89, square=0.87):
-    return {"iou": {1: disc, 2: square}, "iou_background": {1: 0.0, 2: 0.0},
-            "iou_before": {1: 0.0, 2: 0.05}, "epochs": 30, "loss": (1.11, 0.03),
-            "pixel_accuracy": 0.98, "background_share": 0.858}
+@pytest.fixture(scope="module")
+def small():
+    run = lab12.run(cfg=SMALL)
+    return run, lab12.numbers(run, lab12.reference(SMALL), cfg=SMALL)
 
 
-def test_learning_shown_when_both_shapes_pass_half():
-    v = lessons.evaluate("12.unet_learns_the_shapes", learned())
-    assert v.shown and "disc IoU 0.89 (background everywhere: 0.00" in v.figures
-    assert "square IoU 0.87" in v.figures
+def test_a_real_run_of_every_schedule_equals_one_device_and_reads_back(small):
+    run, m = small
+    assert lessons.evaluate("12.schedules_equal_one_device", m).shown
+    rows = {r["schedule"]: r for r in m["bubbles"]}
+    assert set(rows) == set(lab12.SCHEDULES)
+    for name, r in rows.items():
+        assert 0 < r["replayed"] < 1 and 0 < r["predicted"] < 1 and 0 < r["measured"] < 1
+        assert r["sent"] == r["hand_overs"] > 0, name
+        assert r["step_s"] > 0 and r["predicted_step_s"] > 0
+    assert rows["zb-h1"]["peak"] == rows["1f1b"]["peak"] == 4
+    assert rows["interleaved"]["peak"] == 5.5 and rows["dualpipev"]["peak"] == 4.5
+    assert lab12.plot_replayed(run, cfg=SMALL) is not None
 
 
-def test_learning_not_shown_when_a_shape_stays_below_half():
-    v = lessons.evaluate("12.unet_learns_the_shapes", learned(square=0.31))
-    assert not v.shown and "square below 0.5 after 30 epochs" in v.why
-    assert "loss went from 1.110 to 0.030" in v.why
+def test_on_paper_each_schedule_has_its_formula_and_the_figure_draws():
+    rows = {r["schedule"]: r for r in lab12.on_paper()}
+    assert rows["1f1b"]["bubble"] == pytest.approx(3 / 11)
+    assert rows["interleaved"]["bubble"] == pytest.approx(3 / 19)
+    assert rows["zb-h1"]["bubble"] == pytest.approx(1 / 9)
+    assert rows["dualpipev"]["bubble"] < rows["zb-h1"]["bubble"]
+    assert [rows[n]["hand_overs"] for n in lab12.SCHEDULES] == [48, 112, 48, 96]
+    assert lab12.plot_schedules(list(rows.values())) is not None
 
 
-def equal(**off):
-    eq = {p: {"loss": 1e-7, "grads": 9e-8, "params": 3e-6, "replicas_identical": True, "steps": 8}
-          for p in ("dp", "pp", "dp_pp")}
-    for plan, changes in off.items():
-        eq[plan].update(changes)
-    return {"equivalence": eq}
+def _numbers(**over):
+    rows = [{"schedule": "1f1b", "replayed": 0.31, "predicted": 0.30, "peak": 4.0, "sent": 48,
+             "step_s": 0.147, "predicted_step_s": 0.144},
+            {"schedule": "interleaved", "replayed": 0.23, "predicted": 0.19, "peak": 5.5,
+             "sent": 112, "step_s": 0.135, "predicted_step_s": 0.125},
+            {"schedule": "zb-h1", "replayed": 0.19, "predicted": 0.16, "peak": 4.0, "sent": 48,
+             "step_s": 0.114, "predicted_step_s": 0.109},
+            {"schedule": "dualpipev", "replayed": 0.15, "predicted": 0.11, "peak": 4.5,
+             "sent": 96, "step_s": 0.118, "predicted_step_s": 0.113}]
+    for name, changes in over.items():
+        next(r for r in rows if r["schedule"] == name.replace("_", "-")).update(changes)
+    eq = [{"schedule": n, "loss": 1e-7, "gradients": 1e-9, "weights": 1e-9,
+           "library": None if n == "1f1b" else 1e-9} for n in lab12.SCHEDULES]
+    return {"bubbles": rows, "equivalence": eq}
 
 
-def test_equivalence_shown_within_the_tolerances():
-    v = lessons.evaluate("12.strategies_equal_one_device", equal())
-    assert v.shown and "dp 4: loss 1.0e-07, gradients 9.0e-08" in v.figures
+BUBBLE_LESSONS = ("12.interleaving_cuts_the_bubble", "12.zero_bubble_at_the_same_memory",
+                  "12.dualpipev_idles_least", "12.prediction_matches_the_replay",
+                  "12.schedules_equal_one_device")
 
 
-def test_equivalence_not_shown_names_the_plan_and_what_is_off():
-    v = lessons.evaluate("12.strategies_equal_one_device",
-                         equal(dp_pp={"loss": 3e-3}, dp={"replicas_identical": False}))
-    assert not v.shown
-    assert "dp 2 × pp 2 its loss curve" in v.why and "dp 4 its replicas differ" in v.why
+def test_the_checks_show_their_claims_on_numbers_that_show_them():
+    for name in BUBBLE_LESSONS:
+        assert lessons.evaluate(name, _numbers()).shown, name
+    assert {x.name for x in lessons.of_lab("12")} == set(BUBBLE_LESSONS)
 
 
-def cut(traced_b=32768.0, e1=131072.0):
-    forward = {"e1": e1, "e2": 65536.0, "b": traced_b}
-    return {"traced": {"forward": forward, "backward": dict(forward)}, "micro_batch": 4,
-            "cut": 3, "formula": {"e1": 131072, "e2": 65536, "b": 32768},
-            "cut_bytes": 229376.0, "skips": ["e1", "e2"]}
+def test_the_checks_say_why_on_numbers_that_contradict_them():
+    v = lessons.evaluate("12.interleaving_cuts_the_bubble", _numbers(interleaved={"replayed": 0.29}))
+    assert not v.shown and "(1.07x)" in v.figures
+    v = lessons.evaluate("12.zero_bubble_at_the_same_memory", _numbers(zb_h1={"peak": 5.0}))
+    assert not v.shown and "peak 4 against 5" in v.figures
+    v = lessons.evaluate("12.dualpipev_idles_least", _numbers(dualpipev={"replayed": 0.2}))
+    assert not v.shown and v.why == "zb-h1 idled least"
+    v = lessons.evaluate("12.prediction_matches_the_replay",
+                         _numbers(dualpipev={"predicted": 0.05}))
+    assert not v.shown and v.why == "dualpipev off by 10.0 points"
+    eq = _numbers()
+    eq["equivalence"][2]["library"] = 1e-3
+    assert not lessons.evaluate("12.schedules_equal_one_device", eq).shown
 
 
-def test_skips_shown_when_the_traced_bytes_are_the_formula():
-    v = lessons.evaluate("12.skips_cross_the_cut", cut())
-    assert v.shown and "e1 131,072 B (formula 131,072)" in v.figures
-    assert "the skips e1, e2: 86% of 229,376 B" in v.figures and "back the same" in v.figures
+def test_the_exercise_checks_accept_the_reference_and_name_each_mistake(capsys):
+    assert lab12.check_zb_h1(zb_h1) is zb_h1
+    from parlab.pipeline import one_f_one_b
+    assert lab12.check_zb_h1(one_f_one_b) is not one_f_one_b
+    assert "must run W of every micro-batch" in capsys.readouterr().out
+
+    def w_at_the_end(p, m):
+        return [[op for op in s if op[0] != "W"] + [("W", i) for i in range(m)]
+                for s in zb_h1(p, m)]
+    lab12.check_zb_h1(w_at_the_end)
+    assert "holds at most 2, 1F1B's peak" in capsys.readouterr().out
+
+    def no_warm_up(p, m):
+        return [[op for i in range(m) for op in (("F", i), ("B", i), ("W", i))] for _ in range(p)]
+    lab12.check_zb_h1(no_warm_up)
+    assert "the bubble is" in capsys.readouterr().out
+
+    assert lab12.check_split_backward(split_backward) is split_backward
+    lab12.check_split_backward(lambda x, dy, w: (dy @ w, x.T @ dy, dy.sum(0)))
+    assert "dW has shape (3, 4), want (4, 3)" in capsys.readouterr().out
+    lab12.check_split_backward(lambda x, dy, w: (dy @ w, dy.T @ x, dy.mean(0)))
+    assert "db differs" in capsys.readouterr().out
 
 
-def test_skips_not_shown_when_a_tensor_was_not_sent():
-    planted = cut()
-    del planted["traced"]["forward"]["e2"], planted["traced"]["backward"]["e2"]
-    v = lessons.evaluate("12.skips_cross_the_cut", planted)
-    assert not v.shown and "forward e2: traced 0, formula 65,536" in v.why
-
-
-def test_skips_not_shown_when_they_carry_less_than_three_quarters():
-    planted = cut()
-    planted["formula"] = {"e1": 32768, "e2": 32768, "b": 163840}
-    planted["traced"]["forward"] = {"e1": 32768.0, "e2": 32768.0, "b": 163840.0}
-    planted["traced"]["backward"] = dict(planted["traced"]["forward"])
-    v = lessons.evaluate("12.skips_cross_the_cut", planted)
-    assert not v.shown and "the skips carried only 29%" in v.why
-
-
-def choice(dp_ms=38.8, dp_pp_ms=81.5, off=None, extra=None):
-    plans = {
-        "dp": {"replayed_s": dp_ms / 1e3, "predicted_s": 0.0222, "core_wait": 0.27,
-               "devices": 4, "bytes": {r: {"dp": [117356.0, 117356.0]} for r in range(4)},
-               "unexpected_axes": []},
-        "pp": {"replayed_s": 0.0526, "predicted_s": 0.0265, "core_wait": 0.08, "devices": 2,
-               "bytes": {r: {"pp": [1835008.0, 1835008.0]} for r in range(2)},
-               "unexpected_axes": []},
-        "dp_pp": {"replayed_s": dp_pp_ms / 1e3, "predicted_s": 0.0296, "core_wait": 0.24,
-                  "devices": 4, "unexpected_axes": [],
-                  "bytes": {r: {"pp": [917504.0, 917504.0],
-                                "dp": [72160.0 if r % 2 == 0 else 45196.0] * 2}
-                            for r in range(4)}}}
-    if off:
-        plan, rank, axis, value = off
-        plans[plan]["bytes"][rank][axis][0] = value
-    if extra:
-        plans[extra[0]]["unexpected_axes"] = [extra[1]]
-    return {"plans": plans, "pick": "dp", "cores": 2,
-            "replay_source": "replayed on 4 dedicated devices, this machine's idle link"}
-
-
-def test_axis_bytes_shown_when_every_count_matches():
-    v = lessons.evaluate("12.axis_bytes_match_formula", choice())
-    assert v.shown and "14 of 14" in v.figures and "dp 2 × pp 2: pp 917,504 B, dp 72,160 B" in v.figures
-
-
-def test_axis_bytes_not_shown_names_the_rank_and_axis():
-    v = lessons.evaluate("12.axis_bytes_match_formula", choice(off=("dp_pp", 3, "pp", 786432.0)))
-    assert not v.shown and "13 of 14" in v.figures
-    assert "dp 2 × pp 2 rank 3 pp: traced 786,432, formula 917,504" in v.why
-    v = lessons.evaluate("12.axis_bytes_match_formula", choice(extra=("dp", "world")))
-    assert not v.shown and "dp 4 moved bytes on ['world']" in v.why
-
-
-def test_choice_shown_when_the_pick_is_quicker_by_the_margin():
-    v = lessons.evaluate("12.the_choice_holds_here", choice())
-    assert v.shown and "the model's pick dp 4: 38.8 ms replayed (PREDICTED 22.2 ms)" in v.figures
-    assert "dp 2 × pp 2: 81.5 ms replayed (PREDICTED 29.6 ms): 2.10x" in v.figures
-    assert str(v).startswith("lesson 12.the_choice_holds_here: shown (replayed on 4 dedicated")
-    assert "replayed" not in str(lessons.evaluate("12.axis_bytes_match_formula", choice()))
-
-
-def test_choice_not_shown_when_the_other_plan_comes_close():
-    v = lessons.evaluate("12.the_choice_holds_here", choice(dp_ms=70.0, dp_pp_ms=80.0))
-    assert not v.shown and "1.14x" in v.figures
-    assert "the cost model gave dp 2 × pp 2 1.33x the pick's step (PREDICTED)" in v.why
-
-
-def test_choice_compares_only_plans_on_as_many_devices():
-    planted = choice()
-    planted["plans"]["pp"]["replayed_s"] = 0.001          # quick, but on 2 of the 4 devices
-    v = lessons.evaluate("12.the_choice_holds_here", planted)
-    assert v.shown and "dp 2 × pp 2" in v.figures
-    alone = copy.deepcopy(planted)
-    del alone["plans"]["dp_pp"]
-    v = lessons.evaluate("12.the_choice_holds_here", alone)
-    assert not v.shown and "nothing to compare it with" in v.why
-
-
-def test_the_lab_has_these_lessons():
-    assert {x.name for x in lessons.of_lab("12")} == {
-        "12.unet_learns_the_shapes", "12.strategies_equal_one_device", "12.skips_cross_the_cut",
-        "12.axis_bytes_match_formula", "12.the_choice_holds_here"}
-    assert lab12.CHOICE_MARGIN == 1.3 and lab12.MIN_IOU == 0.5
+def test_the_learner_s_order_runs_on_four_ranks_equal_to_one_device(monkeypatch):
+    monkeypatch.setattr(lab12, "CONFIG", replace(SMALL, steps=2))
+    assert lab12.run_order(zb_h1) < 1e-5

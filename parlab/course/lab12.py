@@ -1,459 +1,456 @@
-"""Lab 12 (labs/12_capstone_unet.ipynb): one model from start to end. A U-Net that
-learns the course's shapes; the same U-Net on 4 devices (data parallel, a pipeline cut
-between encoder and decoder, both at once on a mesh), each equal to one device; the
-cost model's choice among them, measured against its prediction; TensorFlow's
-``MirroredStrategy`` and ``MultiWorkerMirroredStrategy``; the trained model served from
-another process. Its exercises and its lessons."""
+"""Lab 12 (labs/12_pipeline_schedules.ipynb): pipeline schedules past 1F1B on 4 devices:
+interleaved 1F1B, ZB-H1 and DualPipeV by hand and with torch.distributed.pipelining, each
+equal to one device; their bubble formula, on paper, measured and replayed; the memory
+each holds; the cost model's choice at scale; what its notebook runs, its lessons and its
+exercise."""
 from __future__ import annotations
 
-import os
-
-import numpy as np
+from statistics import median
 
 from ..launcher import LaunchResult, launch
-from ..split import UNetConfig, crossing
+from ..metrics import largest_difference
+from ..split import SplitConfig
 from . import lessons, replays
-from .exercise import Exercise, check, register, whose  # noqa: F401 (labNN.check, labNN.whose)
-from .lab12_choose import check_plan, plan_cost  # noqa: F401 (the notebook's lab12.*)
-from .lab12_serve import (run_tf_mirrored_fit, run_tf_multi_worker,  # noqa: F401
-                          serve_in_fresh_process, show_segmentations, weight_difference)
+from .exercise import whose  # noqa: F401 (lab12.whose)
+from .lab12_exercises import check_split_backward, check_zb_h1, run_order  # noqa: F401
 
-CFG = UNetConfig()        # global batch 16, Adam 3e-3, 4 micro-batches, cut encoder | decoder
-EPOCHS = 30               # of the 192 training images, for the U-Net that learns
-TEST_IMAGES = 64          # parlab.data.shapes(64, seed=1): images no step trained on
-MIN_IOU = 0.5             # lesson 12.unet_learns_the_shapes: each shape's IoU at least this
-PLAN_NAMES = {"dp": "dp 4", "pp": "pp 2 (encoder | decoder)", "dp_pp": "dp 2 × pp 2"}
+TOL = 1e-5
+DEVICES, MICRO_BATCHES = 4, 8
+SCHEDULES = ("1f1b", "interleaved", "zb-h1", "dualpipev")
+NAMES = {"1f1b": "1F1B", "interleaved": "interleaved 1F1B (v = 2)", "zb-h1": "ZB-H1",
+         "dualpipev": "DualPipeV"}
+# 8 linear layers of 512 x 512 between a small first and last: each of the 8 virtual
+# stages holds one, each of 4 stages two; a
+# pass (64 rows through a 512 x 512 layer) lasts about a millisecond, far above a call's
+# fixed cost and a hand-over's
+CONFIG = SplitConfig(sizes=(64,) + (1024,) * 9 + (10,), batch_size=512, steps=6, lr=0.05)
+INTERLEAVE_CUT = 1.2        # lesson 12.interleaving_cuts_the_bubble: replayed 1F1B / interleaved
+ZB_CUT = 1.3                # lesson 12.zero_bubble_at_the_same_memory: replayed 1F1B / ZB-H1
+AGREE = 0.08                # lesson 12.prediction_matches_the_replay: |predicted - replayed| bubble
 
 
-def held_out_data(cfg: UNetConfig = CFG):
-    """Images and masks no training step sees (``parlab.data.shapes``, seed 1)."""
-    from .. import data
-    return data.shapes(TEST_IMAGES, cfg.size, seed=1)
+# ------------------------------------------------------------------ on paper
+def on_paper(devices: int = DEVICES, micro_batches: int = MICRO_BATCHES) -> list[dict]:
+    """Each schedule played on paper with passes of equal cost (F = B = W, free
+    hand-overs): its bubble, the formula's, the micro-batches each device holds at its
+    peak (in stage-loads: a chunk holds 1/v of a device's layers) and the hand-overs
+    between devices per step."""
+    from .. import pipeline, pipeline_orders
+    rows = []
+    for name in SCHEDULES:
+        ops = pipeline.make(name, devices, micro_batches, 2)
+        chunks, placement = pipeline.layout(ops)
+        tl = pipeline.simulate(ops, devices, micro_batches, forward_s=1.0, backward_s=2.0)
+        try:
+            formula = pipeline_orders.bubble(name, devices, micro_batches, v=chunks)
+        except ValueError:
+            formula = None
+        rows.append({"schedule": name, "ops": ops, "timeline": tl,
+                     "bubble": pipeline.bubble_share(tl), "formula": formula,
+                     "peak": max(pipeline.peak_in_flight(ops)) / chunks,
+                     "hand_overs": hand_overs(ops, devices, micro_batches)})
+    return rows
 
 
-# ------------------------------------------------------------------ a U-Net that learns
-def iou_per_class(pred, masks, classes=(1, 2)) -> dict:
-    """Each foreground class's intersection over union: pixels both the prediction and
-    the mask give the class, over pixels either gives it (0 where neither does)."""
+def hand_overs(ops, devices: int, micro_batches: int) -> int:
+    """Messages between devices in a step: an activation forward and a gradient back
+    across every cut between virtual stages on different devices."""
+    from .. import pipeline
+    chunks, placement = pipeline.layout(ops)
+    stages = devices * chunks
+    crossings = sum(pipeline.device_of(k, devices, placement)[0]
+                    != pipeline.device_of(k + 1, devices, placement)[0] for k in range(stages - 1))
+    return 2 * micro_batches * crossings
+
+
+def plot_schedules(rows):
+    """One step of each schedule on paper (F = B = W, free hand-overs), one lane per
+    device, passes coloured by kind, in two panels on one time scale; time in units of
+    a device's forward pass of one micro-batch."""
+    return _panels({r["schedule"]: r["timeline"] for r in rows}, PAPER_TITLES, unit="s",
+                   predicted=True, xlabel="time (a device's forward pass of one micro-batch = 1)")
+
+
+PAPER_TITLES = ("on paper: ZB-H1's W's (olive) fill the end, where 1F1B's first devices idle",
+                "on paper: with two chunks a device, the pipeline fills and drains sooner")
+REPLAY_TITLES = ("replayed: ZB-H1 against 1F1B, this run's least disturbed steps",
+                 "replayed: two chunks a device, interleaved and in a V")
+
+
+def _panels(timelines: dict, titles, *, unit="ms", predicted=False, xlabel=None):
+    """1F1B and ZB-H1 above, interleaved 1F1B and DualPipeV below, sharing one time axis."""
+    from .. import plot
+    fig, axes = plot.pyplot().subplots(2, 1, figsize=(13, 9.5), sharex=True)
+    for ax, pair, title in zip(axes, (("1f1b", "zb-h1"), ("interleaved", "dualpipev")), titles):
+        plot.timeline(_stacked({n: timelines[n] for n in pair}), ax=ax, unit=unit,
+                      color_by="name", names=False, order=KINDS, title=title,
+                      predicted=predicted, legend=ax is axes[0])
+    axes[0].set_xlabel("")
+    if xlabel:
+        axes[-1].set_xlabel(xlabel)
+    fig.tight_layout()
+    return plot.finish(fig)
+
+
+KINDS = ("forward", "backward", "backward: input", "backward: weights")
+
+
+def _kind_of(name: str, split: set) -> str | None:
+    from ..pipeline import pass_of
+    op = pass_of(name.split(" (")[0])
+    if op is None:
+        return None
+    kind, i, c = op if len(op) == 3 else (*op, 0)
+    if kind == "F":
+        return "forward"
+    if kind == "W":
+        return "backward: weights"
+    return "backward: input" if (i, c) in split else "backward"
+
+
+def _stacked(timelines: dict, devices: int = DEVICES):
+    """One timeline whose lanes are every schedule's devices, each starting at 0,
+    passes renamed by kind (F, B, input gradient, weights' gradient)."""
+    from ..spans import Span
+    from ..timeline import Timeline
+    spans, labels = [], {}
+    for n, (name, tl) in enumerate(timelines.items()):
+        t0 = tl.start
+        splits = {}
+        for s in tl:
+            op = _parts(s.name)
+            if op and op[0] == "W":
+                splits.setdefault(s.rank, set()).add(op[1:])
+        for s in tl:
+            kind = _kind_of(s.name, splits.get(s.rank, set()))
+            if kind is None or s.rank >= devices:
+                continue
+            lane = n * devices + s.rank
+            # a number after the kind keeps neighbouring passes apart in the figure
+            spans.append(Span(lane, s.kind, f"{kind}{len(spans)}", s.start - t0, s.end - t0))
+            labels[lane] = f"{_short(name)} · device {s.rank}"
+    first = next(iter(timelines.values()))
+    if getattr(first, "replayed", False):       # drawn as a replay, its lanes saying so
+        return replays.lanes_named(sim_replayed(spans, first), labels)
+    return Timeline(spans, labels)
+
+
+def sim_replayed(spans, like):
+    """Spans of a replay as a replayed timeline, with ``like``'s notes."""
+    from ..sim import ReplayedTimeline
+    return ReplayedTimeline(spans, notes=like.notes)
+
+
+def _parts(name: str):
+    from ..pipeline import pass_of
+    op = pass_of(name.split(" (")[0])
+    if op is None:
+        return None
+    return op if len(op) == 3 else (*op, 0)
+
+
+# ------------------------------------------------------------------ on the ranks
+def plans(cfg: SplitConfig = CONFIG, devices: int = DEVICES,
+          micro_batches: int = MICRO_BATCHES) -> dict:
+    """{schedule: (its config, cut into devices x chunks pieces, and its order)}."""
+    from ..torch import pipeline_chunks
+    return {name: pipeline_chunks.prepare(cfg, devices, micro_batches, name)
+            for name in SCHEDULES}
+
+
+def run(*, devices=None, cfg: SplitConfig = CONFIG, micro_batches: int = MICRO_BATCHES,
+        library: bool = True, timeout: float = 240.0) -> LaunchResult:
+    """The four schedules by hand, one after the other, then the library's interleaved
+    1F1B, zero bubble and DualPipeV, in one launch on 4 devices."""
+    from ..torch import pipeline_chunks
+    made = plans(cfg, DEVICES, micro_batches)
+    return launch(pipeline_chunks.train_each, DEVICES, devices=devices,
+                  args=(made, micro_batches),
+                  kwargs={"library": SCHEDULES[1:] if library else ()}, timeout=timeout)
+
+
+def reference(cfg: SplitConfig = CONFIG) -> dict:
+    from ..torch import split
+    return split.train_reference(cfg)
+
+
+def equivalence(results, ref: dict) -> list[dict]:
+    """Per schedule, by hand and with the library: the largest difference from one
+    device in loss, first gradients and final weights."""
+    rows = []
+    for name in SCHEDULES:
+        grads = {k: v for r in results for k, v in r[name]["first_grads"].items()}
+        losses = [x for r in results for x in r[name]["losses"]]
+        state = {k: v for r in results for k, v in r[name]["state"].items()}
+        row = {"schedule": name,
+               "loss": largest_difference(zip(losses, ref["losses"])),
+               "gradients": largest_difference((grads[k], v) for k, v in ref["first_grads"].items()),
+               "weights": largest_difference((state[k], v) for k, v in ref["state"].items()),
+               "library": None}
+        if f"library {name}" in results[0]:
+            lib = {k: v for r in results for k, v in r[f"library {name}"]["grads"].items()}
+            row["library"] = largest_difference((lib[k], v) for k, v in ref["first_grads"].items())
+        rows.append(row)
+    return rows
+
+
+def windows(tl) -> dict:
+    """{schedule: (start, end)} of its part of the launch, from its "schedule" spans."""
     out = {}
-    for c in classes:
-        union = ((pred == c) | (masks == c)).sum()
-        out[c] = float(((pred == c) & (masks == c)).sum() / union) if union else 0.0
+    for s in tl:
+        if s.name.startswith("schedule "):
+            name = s.name[len("schedule "):]
+            a, b = out.get(name, (s.start, s.end))
+            out[name] = (min(a, s.start), max(b, s.end))
     return out
 
 
-CLASS_NAMES = {1: "disc", 2: "square"}
+def step_bubbles(tl, made: dict) -> dict:
+    """{schedule: the bubble of each of its steps} read from ``tl`` (measured or replayed)."""
+    from ..torch.pipeline_chunks import bubble_by_step
+    ranks = list(range(DEVICES))
+    return {name: bubble_by_step(tl.window(*span), made[name][1], ranks)
+            for name, span in windows(tl).items() if name in made}
 
 
-def train_unet(epochs: int = EPOCHS, *, cfg: UNetConfig = CFG, progress: bool = True) -> dict:
-    """Train the U-Net on one device (the notebook's: one core, or a GPU) with the
-    weighted loss (``unet.loss_fn``); its IoU per shape on the test images before and
-    after, and what painting every pixel background would score.
-
-    Returns {"model" (on the CPU), "history", "iou", "iou_before", "iou_background",
-    "pixel_accuracy", "background_share", "epochs", "device"}.
-    """
-    from ..torch import serve, single, unet
-    from .lab01 import one_device
-    x, y = unet.training_data(cfg)
-    xt, yt = held_out_data(cfg)
-    with one_device() as device:
-        model = unet.build(cfg).to(device)
-        before = serve.segment(model.eval(), xt, device)
-        history = single.train(model, x, y, epochs=epochs, batch_size=cfg.global_batch,
-                               lr=cfg.lr, device=device, progress=progress, seed=cfg.seed,
-                               loss_fn=unet.loss_fn(cfg))
-        pred = serve.segment(model.eval(), xt, device)
-    return {"model": model.to("cpu"), "history": history, "epochs": epochs, "device": device,
-            "iou": iou_per_class(pred, yt), "iou_before": iou_per_class(before, yt),
-            "iou_background": iou_per_class(np.zeros_like(yt), yt),
-            "pixel_accuracy": float((pred == yt).mean()),
-            "background_share": float((yt == 0).mean())}
+def cost_model(step: dict, made: dict, link, cfg: SplitConfig) -> tuple:
+    """The cost model for this lab's MLP calibrated on 1F1B's replayed step alone
+    (``step``: {rank: its passes}): each stage's median F and B shared among its layers
+    by their FLOPs (``sim.Measured``), 4 dedicated devices on ``link``. It leaves out the
+    work between passes (posting a message, taking one in, the executor's bookkeeping),
+    which the replay keeps. Returns (network, costs, cluster)."""
+    from .. import sim
+    net = sim.Network.mlp(cfg.sizes)
+    cuts = [0, *_layer_bounds(made["1f1b"][0].bounds), len(net)]
+    fwd, bwd = [0.0] * len(net), [0.0] * len(net)
+    for d in range(DEVICES):
+        layers = range(cuts[d], cuts[d + 1])
+        total = sum(net.layers[i].flops for i in layers)
+        for kind, out in (("F", fwd), ("B", bwd)):
+            took = median(s.duration for s in step[d] if _parts(s.name)[0] == kind)
+            for i in layers:
+                out[i] = took * net.layers[i].flops / total
+    costs = sim.Measured(tuple(fwd), tuple(bwd), 0.0, cfg.batch_size // MICRO_BATCHES,
+                         net.params, source="1F1B's replayed step")
+    here = sim.calibrate.this_machine(link, flops=sim.calibrate.compute_rate(net, costs),
+                                      devices=DEVICES)
+    return net, costs, here
 
 
-def learn_numbers(run: dict) -> dict:
-    """What lesson 12.unet_learns_the_shapes reads from ``train_unet``."""
-    return {"iou": dict(run["iou"]), "iou_background": dict(run["iou_background"]),
-            "iou_before": dict(run["iou_before"]), "epochs": run["epochs"],
-            "loss": (run["history"]["loss"][0], run["history"]["loss"][-1]),
-            "pixel_accuracy": run["pixel_accuracy"], "background_share": run["background_share"]}
+def _layer_bounds(bounds) -> list[int]:
+    """The cuts between the model's modules (Linear, ReLU, Linear, ...) as cuts between
+    its linear layers, the cost model's layers."""
+    return [(b + 1) // 2 for b in bounds]
 
 
-def _learn_experiment() -> dict:
-    return learn_numbers(train_unet(progress=False))
+def predict(name: str, made: dict, model: tuple, cfg: SplitConfig):
+    """``sim.pipeline``'s timeline of schedule ``name`` with ``model`` (``cost_model``)."""
+    from .. import pipeline, sim
+    net, costs, here = model
+    chunks = pipeline.layout(made[name][1])[0]
+    return sim.pipeline(net, here, cfg.batch_size, stages=DEVICES, micro_batches=MICRO_BATCHES,
+                        schedule=name, costs=costs, bounds=_layer_bounds(made[name][0].bounds),
+                        **({"chunks": chunks} if chunks > 1 else {}))
 
 
-@lessons.lesson("12.unet_learns_the_shapes",
-                f"the U-Net learns the shapes: after {EPOCHS} epochs with the weighted loss, "
-                f"the IoU of the discs and that of the squares on test images are each at "
-                f"least {MIN_IOU} (painting every pixel background, the easy answer for 86 % "
-                f"of the pixels, scores 0 for both)",
-                _learn_experiment)
-def unet_learns_the_shapes(m: dict):
-    figures = ", ".join(f"{CLASS_NAMES[int(c)]} IoU {v:.2f} (background everywhere: "
-                        f"{m['iou_background'][c]:.2f}; untrained {m['iou_before'][c]:.2f})"
-                        for c, v in m["iou"].items())
-    short = [CLASS_NAMES[int(c)] for c, v in m["iou"].items() if v < MIN_IOU]
-    why = (f"{' and '.join(short)} below {MIN_IOU} after {m['epochs']} epochs; the training "
-           f"loss went from {m['loss'][0]:.3f} to {m['loss'][1]:.3f}")
-    return not short, figures, why
+def _pass_bubble(tl) -> float:
+    """1 - the devices' pass time over devices x the span from the first pass to the last."""
+    passes = [s for s in tl if s.rank < DEVICES and _parts(s.name)]
+    t0, t1 = min(s.start for s in passes), max(s.end for s in passes)
+    return 1 - sum(s.duration for s in passes) / (DEVICES * (t1 - t0))
 
 
-# ------------------------------------------------------------------ strategies, equal to one device
-def run_plans(plans=(("dp", 1), ("pp", 1), ("dp_pp", 2)), *, cfg: UNetConfig = CFG,
-              devices=None, pin_cores: bool = True, timeout: float = 240.0) -> dict:
-    """Each (plan, dp) of ``plans`` in turn on the same 4 ranks, in one launch
-    (``unet.measure_plans``): data parallel on 4, the 2-stage pipeline on the first 2,
-    dp 2 × pp 2 on a mesh. Returns {plan: {"results", "timeline" (its steps only, lanes
-    named by mesh coordinates), "replayed" (the same, replayed on dedicated devices),
-    "ranks" (those that trained)}} and "launch"."""
-    from ..torch import unet
-    from ..trace import Timeline
-    res = launch(unet.measure_plans, 4, args=(cfg, tuple(plans)), devices=devices,
-                 pin_cores=pin_cores, timeout=timeout)
-    out = {"launch": res}
-    rp = replays.replayed(res)
-    on_replay = replays.between_barriers(rp, "between plans", len(res.results[0]))
-    for k, entry in enumerate(res.results[0]):
-        plan = entry["plan"]
-        results = [r[k]["result"] for r in res.results]
-        window = res.timeline.window(*entry["window"])
-        labels = results[0].get("labels") or {r: f"rank {r}" for r in range(4)}
-        ranks = [0, 1] if plan == "pp" else [0, 1, 2, 3]
-        if plan == "pp":
-            labels = {0: "rank 0 · stage 0 (encoder)", 1: "rank 1 · stage 1 (decoder)"}
-        elif plan == "dp":
-            labels = {r: f"rank {r} · replica {r}" for r in range(4)}
-        out[plan] = {"results": results, "ranks": ranks, "dp": entry["dp"],
-                     "timeline": Timeline(window.filter(ranks=ranks).spans, labels, ranks),
-                     "replayed": replays.lanes_named(
-                         rp.window(*on_replay[k]).filter(ranks=ranks),
-                         {r: labels[r] for r in ranks}, ranks)}
-    return out
+def numbers(run_: LaunchResult, ref: dict, replay=None, cfg: SplitConfig | None = None) -> dict:
+    """What the lessons read: equivalence, bubbles and steps (measured, replayed: each
+    schedule's least disturbed step after the first; predicted by the cost model
+    calibrated on 1F1B's replayed step; the formula), the activations each device held
+    and the hand-overs."""
+    from .. import pipeline
+    cfg = cfg or CONFIG
+    link = replays.idle_link()
+    tl = replay if replay is not None else replays.replayed(run_, link)
+    made = plans(cfg)
+    measured = step_bubbles(run_.timeline, made)
+    replayed = step_bubbles(tl, made)
+    paper = {r["schedule"]: r for r in on_paper()}
+    quiet = quietest_steps(tl, made)
+    model = cost_model(quiet["1f1b"][1], made, link, cfg)
+    rows = []
+    for name in SCHEDULES:
+        ops = made[name][1]
+        predicted = predict(name, made, model, cfg)
+        chunks = pipeline.layout(ops)[0]
+        k, step = quiet[name]
+        rows.append({"schedule": name, "measured": min(measured[name][1:]),
+                     "replayed": replayed[name][k],
+                     "predicted": _pass_bubble(predicted),
+                     "step_s": _duration(step), "predicted_step_s": predicted.step_s,
+                     "formula": paper[name]["formula"], "paper": paper[name]["bubble"],
+                     "peak": max(r[name]["peak_micro_batches"] for r in run_.results) / chunks,
+                     "peak_bytes": max(r[name]["peak_activation_bytes"] for r in run_.results),
+                     "hand_overs": hand_overs(ops, DEVICES, MICRO_BATCHES),
+                     "sent": sum(r[name]["sends_per_step"] for r in run_.results)})
+    return {"equivalence": equivalence(run_.results, ref), "bubbles": rows}
 
 
-def plan_outcome(plan: str, results: list) -> dict:
-    """A plan's loss curve (the whole batch's loss per step) and its model state, put
-    together from its ranks: replicas' losses averaged, a pipeline's last stage's,
-    stages' states merged. Also whether every replica ended identical."""
-    from ..metrics import identical, merged
-    if plan == "dp":
-        return {"losses": list(np.mean([r["losses"] for r in results], axis=0)),
-                "state": results[0]["state"], "first_grads": results[0]["first_grads"],
-                "replicas_identical": identical(r["state"] for r in results)}
-    pipes = [results[0:2]] if plan == "pp" else [results[0:2], results[2:4]]
-    losses = np.mean([p[-1]["losses"] for p in pipes], axis=0)
-    states = [merged(p) for p in pipes]
-    return {"losses": list(losses), "state": states[0],
-            "first_grads": merged(pipes[0], "first_grads"),
-            "replicas_identical": identical(states)}
+def _duration(step: dict) -> float:
+    spans = [s for v in step.values() for s in v]
+    return max(s.end for s in spans) - min(s.start for s in spans)
 
 
-def equivalence(runs: dict, reference: dict) -> dict:
-    """Per plan: how far its loss curve (relative), its first step's gradients and its
-    parameters after the run lie from one device's."""
-    from ..metrics import max_difference
+def quietest_steps(tl, made: dict) -> dict:
+    """{schedule: (index, {rank: spans}) of its least disturbed step after the first}:
+    the one with the smallest bubble."""
+    from ..torch.pipeline_chunks import bubble_by_step, steps_of
+    ranks = list(range(DEVICES))
     out = {}
-    for plan in (p for p in runs if p in PLAN_NAMES):
-        got = plan_outcome(plan, runs[plan]["results"])
-        ref = np.asarray(reference["losses"])
-        out[plan] = {"loss": float(np.max(np.abs(np.asarray(got["losses"]) - ref) / np.abs(ref))),
-                     "grads": max_difference(got["first_grads"], reference["first_grads"]),
-                     "params": max_difference(got["state"], reference["state"]),
-                     "replicas_identical": got["replicas_identical"],
-                     "steps": len(got["losses"])}
+    for name, (a, b) in windows(tl).items():
+        if name in made:
+            seg = tl.window(a, b)
+            bubbles = bubble_by_step(seg, made[name][1], ranks)
+            k = 1 + min(range(len(bubbles) - 1), key=lambda j: bubbles[j + 1])
+            out[name] = (k, steps_of(seg, made[name][1], ranks)[k])
     return out
 
 
-def one_device_reference(cfg: UNetConfig = CFG) -> dict:
-    """``unet.train_single`` on the notebook's device (one core, or a GPU): what every
-    plan is compared with."""
-    from ..torch import unet
-    from .lab01 import one_device
-    with one_device() as device:
-        return unet.train_single(cfg, device)
+def plot_replayed(run_: LaunchResult, replay=None, cfg: SplitConfig | None = None):
+    """The least disturbed step of each schedule, replayed on 4 dedicated devices."""
+    tl = replay if replay is not None else replays.replayed(run_)
+    steps = {name: sim_replayed([s for spans in step.values() for s in spans], tl)
+             for name, (_, step) in quietest_steps(tl, plans(cfg or CONFIG)).items()}
+    return _panels(steps, REPLAY_TITLES)
 
 
-LOSS_TOL, GRAD_TOL = 1e-5, 1e-6
+# ------------------------------------------------------------------ lessons
+def _experiment() -> dict:
+    return numbers(run(), reference())
 
 
-def _strategies_experiment() -> dict:
-    return {"equivalence": equivalence(run_plans(), one_device_reference())}
+@lessons.lesson("12.schedules_equal_one_device",
+                f"interleaved 1F1B, ZB-H1 and DualPipeV, by hand and with "
+                f"torch.distributed.pipelining, train exactly as one device (within {TOL:g})",
+                _experiment)
+def schedules_equal_one_device(m: dict):
+    rows = m["equivalence"]
+    worst = max(max(r["loss"], r["gradients"], r["weights"], r["library"] or 0.0) for r in rows)
+    figures = "; ".join(f"{_short(r['schedule'])} {max(r['loss'], r['gradients'], r['weights']):.1e}"
+                        + (f" (library {r['library']:.1e})" if r["library"] is not None else "")
+                        for r in rows)
+    return worst <= TOL, "largest difference: " + figures, "a schedule changed the training"
 
 
-@lessons.lesson("12.strategies_equal_one_device",
-                "data parallel on 4 devices, the pipeline cut between encoder and decoder "
-                "and dp 2 × pp 2 each train the U-Net like one device: every step's loss "
-                "within 1e-5 of one device's (relative), the first step's gradients within "
-                "1e-6, every replica identical",
-                _strategies_experiment)
-def strategies_equal_one_device(m: dict):
-    eq = m["equivalence"]
-    figures = "; ".join(f"{PLAN_NAMES[p]}: loss {e['loss']:.1e}, gradients {e['grads']:.1e}, "
-                        f"parameters after {e['steps']} steps {e['params']:.1e}"
-                        for p, e in eq.items())
-    off = [f"{PLAN_NAMES[p]} " + ", ".join(
-        w for w, bad in (("its loss curve", e["loss"] > LOSS_TOL),
-                         ("its gradients", e["grads"] > GRAD_TOL),
-                         ("its replicas differ", not e["replicas_identical"])) if bad)
-        for p, e in eq.items()
-        if e["loss"] > LOSS_TOL or e["grads"] > GRAD_TOL or not e["replicas_identical"]]
-    return not off, figures, "off one device: " + "; ".join(off)
+def _formula_cut(name: str) -> float:
+    """1F1B's bubble over ``name``'s by formula, on this lab's 4 devices and 8 micro-batches."""
+    from ..pipeline_orders import bubble
+    return (bubble("1f1b", DEVICES, MICRO_BATCHES)
+            / bubble(name, DEVICES, MICRO_BATCHES, v=2 if name == "interleaved" else 1))
 
 
-# ------------------------------------------------------------------ what crosses the cut
-def tensor_elements(name: str, size: int = CFG.size, base: int = CFG.base) -> int:
-    """Numbers per image in one of the U-Net's named tensors (models.UNet.BLOCKS): each
-    level down halves the side and doubles the channels."""
-    side = {"x": size, "e1": size, "e2": size // 2, "b": size // 4, "d2": size // 2,
-            "d1": size, "logits": size}[name]
-    channels = {"x": 1, "e1": base, "e2": 2 * base, "b": 4 * base, "d2": 2 * base,
-                "d1": base, "logits": 3}[name]
-    return channels * side * side
+def _row(m, name):
+    return next(r for r in m["bubbles"] if r["schedule"] == name)
 
 
-def traced_cut_bytes(timeline, rank: int, steps: int, micro_batches: int) -> dict:
-    """Bytes per micro-batch that ``rank`` (a stage before the cut) sent forward and
-    received back, per tensor name, from its traced spans: {"forward": {name: bytes},
-    "backward": {name: bytes}}."""
-    out = {"forward": {}, "backward": {}}
-    for s in timeline.spans:
-        if s.rank != rank or s.kind != "comm" or not s.bytes:
-            continue
-        if s.name.startswith("isend ") and not s.name.startswith("isend grad"):
-            key, name = "forward", s.name[len("isend "):]
-        elif s.name.startswith("recv grad "):
-            key, name = "backward", s.name[len("recv grad "):]
-        else:
-            continue
-        out[key][name] = out[key].get(name, 0) + s.bytes / (steps * micro_batches)
-    return out
+@lessons.lesson("12.interleaving_cuts_the_bubble",
+                f"two chunks per device cut 1F1B's bubble at least {INTERLEAVE_CUT:g}x "
+                f"(the formula: {_formula_cut('interleaved'):.1f}x), for more than twice the "
+                "hand-overs",
+                _experiment)
+def interleaving_cuts_the_bubble(m: dict):
+    one, inter = _row(m, "1f1b"), _row(m, "interleaved")
+    ratio = one["replayed"] / inter["replayed"]
+    figures = (f"bubble {one['replayed']:.1%} against {inter['replayed']:.1%} ({ratio:.2f}x), "
+               f"hand-overs {one['sent']} against {inter['sent']} a step")
+    shown = ratio >= INTERLEAVE_CUT and inter["sent"] > 2 * one["sent"]
+    return shown, figures, "interleaving did not cut the bubble", \
+        "replayed on 4 dedicated devices, least disturbed step"
 
 
-def cut_numbers(runs: dict, cfg: UNetConfig = CFG) -> dict:
-    """What lesson 12.skips_cross_the_cut reads: the encoder stage's traced bytes per
-    micro-batch, per tensor and way, and the cost model's (``sim.Network.unet``: its
-    layers' output sizes, 4 bytes a number) for the tensors that cross the cut."""
-    from ..torch.models import UNet
-    from . import lab12_choose as choose
-    net = choose.network(cfg)
-    traced = traced_cut_bytes(runs["pp"]["timeline"], 0, cfg.steps, cfg.micro_batches)
-    micro = cfg.global_batch // cfg.micro_batches
-    at = choose.layer_of_cut(net, cfg.cuts[0])
-    names = crossing(UNet.BLOCKS, cfg.cuts[0])
-    made_by = {"e1": "enc0.conv1", "e2": "enc1.conv1", "b": "bottleneck.conv1",
-               "d2": "dec1.conv1", "d1": "dec0.conv1"}      # each block's last layer
-    layers = {layer.name: layer for layer in net.layers}
-    formula = {n: 4 * micro * layers[made_by[n]].out_elems for n in names}
-    return {"traced": traced, "micro_batch": micro, "cut": cfg.cuts[0], "formula": formula,
-            "cut_bytes": net.cut_bytes(at, micro),
-            "skips": [n for n in names if n != UNet.BLOCKS[cfg.cuts[0] - 1][0]]}
+@lessons.lesson("12.zero_bubble_at_the_same_memory",
+                f"ZB-H1 cuts 1F1B's bubble at least {ZB_CUT:g}x (the formula: "
+                f"{_formula_cut('zb-h1'):.1f}x) and holds no more micro-batches at its peak",
+                _experiment)
+def zero_bubble_at_the_same_memory(m: dict):
+    one, zb = _row(m, "1f1b"), _row(m, "zb-h1")
+    ratio = one["replayed"] / zb["replayed"]
+    figures = (f"bubble {one['replayed']:.1%} against {zb['replayed']:.1%} ({ratio:.2f}x); "
+               f"peak {one['peak']:g} against {zb['peak']:g} micro-batches")
+    return (ratio >= ZB_CUT and zb["peak"] <= one["peak"], figures,
+            "ZB-H1 did not cut the bubble at the same memory",
+            "replayed on 4 dedicated devices; peaks counted on the ranks")
 
 
-def _cut_experiment() -> dict:
-    return cut_numbers(run_plans((("pp", 1),), pin_cores=False))
+@lessons.lesson("12.dualpipev_idles_least",
+                "DualPipeV leaves the smallest bubble of the four, and holds more "
+                "activations than 1F1B",
+                _experiment)
+def dualpipev_idles_least(m: dict):
+    rows = {r["schedule"]: r for r in m["bubbles"]}
+    least = min(rows, key=lambda n: rows[n]["replayed"])
+    figures = ", ".join(f"{_short(n)} {r['replayed']:.1%}" for n, r in rows.items()) \
+        + f"; peak {rows['dualpipev']['peak']:g} against 1F1B's {rows['1f1b']['peak']:g} stage-loads"
+    return (least == "dualpipev" and rows["dualpipev"]["peak"] > rows["1f1b"]["peak"], figures,
+            f"{least} idled least", "replayed on 4 dedicated devices, least disturbed step")
 
 
-@lessons.lesson("12.skips_cross_the_cut",
-                "the cut between encoder and decoder is crossed by the bottleneck's "
-                "activation and by both skip connections, each micro-batch forward and its "
-                "gradient back, the traced bytes equal to the formula; the skips carry most "
-                "of them (at least 3/4 here: they are the large, shallow tensors)",
-                _cut_experiment)
-def skips_cross_the_cut(m: dict):
-    traced, formula = m["traced"], m["formula"]
-    total = m["cut_bytes"]
-    skips = sum(formula[n] for n in m["skips"])
-    figures = (f"per micro-batch of {m['micro_batch']} images, forward " + ", ".join(
-        f"{n} {traced['forward'].get(n, 0):,.0f} B (formula {formula[n]:,})" for n in formula)
-        + f"; back the same{'' if traced['backward'] == traced['forward'] else ' NOT'}; the "
-        f"skips {', '.join(m['skips'])}: {skips / total:.0%} of {total:,.0f} B")
-    off = [f"{way} {n}: traced {traced[way].get(n, 0):,.0f}, formula {formula[n]:,}"
-           for way in ("forward", "backward") for n in formula
-           if abs(traced[way].get(n, 0) - formula[n]) > 0.5]
-    extra = sorted(set(traced["forward"]) - set(formula))
-    if extra:
-        off.append(f"tensors sent that the formula does not name: {extra}")
-    if abs(sum(formula.values()) - total) > 0.5:
-        off.append(f"the named tensors add up to {sum(formula.values()):,} B, the cut to {total:,.0f}")
-    return not off and skips >= 0.75 * total, figures, "; ".join(off) or (
-        f"the skips carried only {skips / total:.0%}")
+@lessons.lesson("12.prediction_matches_the_replay",
+                f"the cost model, calibrated on 1F1B's replayed step alone, predicts each "
+                f"schedule's bubble within {AGREE * 100:g} points of the replayed one",
+                _experiment)
+def prediction_matches_the_replay(m: dict):
+    off = {r["schedule"]: abs(r["predicted"] - r["replayed"]) for r in m["bubbles"]}
+    figures = ", ".join(f"{_short(r['schedule'])} {r['predicted']:.1%} ({r['replayed']:.1%})"
+                        for r in m["bubbles"])
+    worst = max(off, key=off.get)
+    return (off[worst] <= AGREE, "bubble predicted (replayed): " + figures,
+            f"{worst} off by {off[worst] * 100:.1f} points",
+            "the cost model against the replay on 4 dedicated devices")
 
 
-# ------------------------------------------------------------------ choose, then measure
-def single_step_timelines(batches=(2, 4, 16), *, cfg: UNetConfig = CFG, steps: int = 8) -> dict:
-    """The U-Net's step on one device (forward, backward, update), per batch size: the
-    micro-batches and replica shares the plans compute on, measured before any plan
-    runs (the cost model's compute is calibrated on them)."""
-    from ..torch import single, unet
-    from .lab01 import one_device
-    x, y = unet.training_data(cfg)
-    with one_device() as device:
-        return {b: single.step_timeline(unet.build(cfg), x, y, batch_size=b, steps=steps,
-                                        device=device, loss_fn=unet.loss_fn(cfg))
-                for b in batches}
+def _short(name: str) -> str:
+    return NAMES[name].split(" (")[0]
 
 
-MARKERS = {"dp": "forward", "pp": "F0", "dp_pp": "F0"}     # where each plan's step starts
+# ------------------------------------------------------------------ at scale, predicted
+# Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), Tables 3 and 4: a GPT-3-like
+# 6.2B model (30 layers, width 4096, 32 heads, sequence 1024) on 8 A100 SXM 80 GB as 8
+# stages, micro-batches of 3, m = 24; measured samples per GPU per second and memory (GB).
+ZB_PAPER = {"1f1b": (3.50, 39), "zb-h1": (3.88, 42)}     # ZB-1p: ZB-H1's bubble (Table 5)
+UNPUBLISHED = {"interleaved": "ran a chunk per layer", "dualpipev": "not in the paper"}
 
 
-def axis_bytes(plan: str, run: dict, cfg: UNetConfig) -> dict:
-    """A plan's bytes per rank per step on each axis, traced and from the formula
-    (``lab12_choose.expected_bytes``): {"bytes": {rank: {axis: [traced, formula]}},
-    "unexpected_axes": axes that moved bytes no formula names}."""
-    from . import lab12_choose as choose
-    tl, ranks = run["timeline"], run["ranks"]
-    want = choose.expected_bytes(plan, cfg)
-    got = {r: {a: b / cfg.steps for a, b in tl.bytes_by_axis(r).items() if b} for r in ranks}
-    return {"bytes": {r: {a: [got[r].get(a, 0.0), float(want[r][a])] for a in want[r]}
-                      for r in ranks},
-            "unexpected_axes": sorted({a for r in ranks for a in got[r]} -
-                                      {a for r in ranks for a in want[r]})}
+def at_scale(micro_batches: int = 24) -> list[dict]:
+    """The four schedules for the zero-bubble paper's 6.2B model on 8 A100s, predicted by
+    the cost model: step, throughput against 1F1B's, the busiest device's memory; beside
+    what the paper measured where it ran the schedule."""
+    from .. import sim
+    from ..sim.validate import megatron_bounds
+    net = sim.Network.decoder("6.2B", 30, 4096, 32, 1024, 50257, tied=False, flash=True)
+    cluster, rows = sim.a100_nvlink(8), []
+    for name in SCHEDULES:
+        chunks = 2 if name in ("interleaved", "dualpipev") else 1
+        extra = {"chunks": chunks} if chunks > 1 else {}
+        step = sim.pipeline(net, cluster, 3 * micro_batches, stages=8, schedule=name,
+                            micro_batches=micro_batches, bounds=megatron_bounds(net, 8 * chunks),
+                            **extra).step_s
+        mem = sim.memory(net, 3 * micro_batches, pp=8, micro_batches=micro_batches,
+                         schedule=name, **extra)
+        rows.append({"schedule": name, "step_s": step, "memory_gb": mem.total / 1e9,
+                     "published": ZB_PAPER.get(name) if micro_batches == 24 else None})
+    for r in rows:
+        r["speed_up"] = rows[0]["step_s"] / r["step_s"]
+    return rows
 
 
-def measured_rows(runs: dict, cfg: UNetConfig) -> dict:
-    """Per plan of ``runs``: its median warm step (``steps.step_seconds``), measured and
-    replayed, the ranks' share of the measured one spent waiting for a core, and its bytes
-    per rank per step on each axis, traced and from the formula (``axis_bytes``)."""
-    from ..steps import step_seconds
-    return {plan: {"measured_s": step_seconds(runs[plan]["timeline"], MARKERS[plan], skip=2),
-                   "replayed_s": step_seconds(runs[plan]["replayed"], MARKERS[plan], skip=2),
-                   "replay_source": replays.source(runs[plan]["replayed"]),
-                   "core_wait": lessons.core_wait_share(runs[plan]["timeline"],
-                                                        runs[plan]["ranks"]),
-                   **axis_bytes(plan, runs[plan], cfg)}
-            for plan in runs if plan in PLAN_NAMES}
-
-
-def choice_numbers(rows: dict, choices: dict) -> dict:
-    """What lab 12's last lessons read: per plan its measured and PREDICTED step, core
-    wait, bytes per axis; the model's pick; how many cores the ranks shared."""
-    from . import lab12_choose as choose
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    first = next(iter(rows))
-    return {"plans": {p: {**r, "predicted_s": float(choices[p].step_s),
-                          "devices": choices[p].devices_used} for p, r in rows.items()},
-            "pick": choose.pick(choices), "cores": cores,
-            "replay_source": rows[first].get("replay_source", "")}
-
-
-MEASURE_STEPS = 14        # steps of each plan in the measured launch (the first 2 warm up)
-
-
-def _choice_experiment() -> dict:
-    from dataclasses import replace
-
-    from . import lab12_choose as choose
-    timelines = single_step_timelines()
-    cal = choose.calibrate(timelines, run_plans(), CFG, replayed=True)
-    choices = choose.predict(cal, CFG)
-    cfg = replace(CFG, steps=MEASURE_STEPS)
-    return choice_numbers(measured_rows(run_plans(cfg=cfg), cfg), choices)
-
-
-@lessons.lesson("12.axis_bytes_match_formula",
-                "in each plan, every rank moves per step, on each mesh axis, the bytes its "
-                "formula gives (pp: 2 × the cut's tensors × m micro-batches; dp: 4 bytes per "
-                "parameter the rank holds), to the byte",
-                _choice_experiment)
-def axis_bytes_match_formula(m: dict):
-    pairs = [(p, r, a, got, want) for p, x in m["plans"].items()
-             for r, axes in x["bytes"].items() for a, (got, want) in axes.items()]
-    off = [q for q in pairs if abs(q[3] - q[4]) > 0.5]
-    extra = [(p, x["unexpected_axes"]) for p, x in m["plans"].items() if x["unexpected_axes"]]
-    figures = (f"{len(pairs) - len(off)} of {len(pairs)} (plan, rank, axis) counts match "
-               f"their formula (" + ", ".join(
-                   f"{PLAN_NAMES[p]}: " + ", ".join(f"{a} {w:,.0f} B" for a, (_, w) in
-                                                   x["bytes"][min(x["bytes"])].items())
-                   for p, x in m["plans"].items()) + " on its first rank)")
-    why = "; ".join([f"{PLAN_NAMES[p]} rank {r} {a}: traced {g:,.0f}, formula {w:,.0f}"
-                     for p, r, a, g, w in off[:3]]
-                    + [f"{PLAN_NAMES[p]} moved bytes on {axes}, which no formula names"
-                       for p, axes in extra])
-    return not off and not extra, figures, why
-
-
-CHOICE_MARGIN = 1.3       # the pick's replayed step against the other plan on all devices
-
-
-@lessons.lesson("12.the_choice_holds_here",
-                "of the plans that use all 4 devices, the one the cost model predicts "
-                "quickest also takes the quickest step replayed on dedicated devices, at "
-                "least 1.3x quicker than the other",
-                _choice_experiment)
-def the_choice_holds_here(m: dict):
-    plans, pick = m["plans"], m["pick"]
-    others = [p for p, x in plans.items() if p != pick and x["devices"] == plans[pick]["devices"]]
-    if not others:
-        return False, f"only {PLAN_NAMES[pick]} was measured", "nothing to compare it with"
-    rival = min(others, key=lambda p: plans[p]["replayed_s"])
-    margin = plans[rival]["replayed_s"] / plans[pick]["replayed_s"]
-    figures = (f"the model's pick {PLAN_NAMES[pick]}: {plans[pick]['replayed_s'] * 1e3:.1f} ms "
-               f"replayed (PREDICTED {plans[pick]['predicted_s'] * 1e3:.1f} ms); "
-               f"{PLAN_NAMES[rival]}: {plans[rival]['replayed_s'] * 1e3:.1f} ms replayed "
-               f"(PREDICTED {plans[rival]['predicted_s'] * 1e3:.1f} ms): {margin:.2f}x")
-    why = (f"the cost model gave {PLAN_NAMES[rival]} "
-           f"{plans[rival]['predicted_s'] / plans[pick]['predicted_s']:.2f}x the pick's step "
-           "(PREDICTED)")
-    return margin >= CHOICE_MARGIN, figures, why, m.get("replay_source", "")
-
-
-# ------------------------------------------------------------------ exercise 10.1: what crosses a cut
-def _cut_bytes(cut, micro_batch, size=32, base=8):
-    # every tensor made before the cut and read after it crosses, forward; its gradient
-    # (as many numbers) comes back; 4 bytes a number
-    from ..torch.models import UNet
-    numbers = sum(tensor_elements(n, size, base) for n in crossing(UNet.BLOCKS, cut))
-    return (4 * micro_batch * numbers, 4 * micro_batch * numbers)
-
-
-register(Exercise(
-    name="cut_bytes",
-    reference=_cut_bytes,
-    cases=[(c, mb, s, b) for c in range(1, 6) for mb, s, b in ((4, 32, 8), (1, 64, 16), (3, 128, 4))],
-    hint="list, for the cut, every tensor made by a block before it and read by a block after "
-         "it (the skips e1 and e2 are read by the decoder, far away); each image's tensor has "
-         "channels × side × side numbers, the side halving and the channels doubling at each "
-         "level down; forward and backward move the same amount; a float32 is 4 bytes.",
-    close=lambda got, want: tuple(got) == tuple(want),
-))
-
-
-def traced_bytes_at_cuts(cuts=(1, 2, 3, 4, 5), *, cfg: UNetConfig = CFG, devices=None) -> dict:
-    """Run a 2-stage pipeline of the U-Net cut at each block boundary in ``cuts`` (one
-    step, one launch) and count, per cut, the bytes the first stage sent forward and
-    received back per micro-batch (traced): {cut: (forward, backward)}."""
-    from dataclasses import replace
-
-    from ..torch import unet
-    one = replace(cfg, steps=1)
-    res = launch(unet.pipeline_at_cuts, 2, args=(one, tuple(cuts)), devices=devices, timeout=120)
-    out = {}
-    for entry in res.results[0]:
-        t = traced_cut_bytes(res.timeline.window(*entry["window"]), 0, 1, cfg.micro_batches)
-        out[entry["cut"]] = (sum(t["forward"].values()), sum(t["backward"].values()))
-    return out
-
-
-def check_cut_bytes(fn, *, cfg: UNetConfig = CFG, devices=None):
-    """Exercise 10.1: the learner's ``fn(cut, micro_batch, size, base) -> (forward,
-    backward)`` bytes, first against the reference on several U-Nets, then against the
-    bytes a real 2-stage pipeline traced at every cut of the lab's U-Net. Returns the
-    function to use next."""
-    from .exercise import EXERCISES
-    use = check("cut_bytes", fn)
-    if use is not fn:
-        return use
-    micro = cfg.global_batch // cfg.micro_batches
-    traced = traced_bytes_at_cuts(cfg=cfg, devices=devices)
-    wrong = [f"cut {c}: yours {fn(c, micro, cfg.size, cfg.base)}, traced "
-             f"({t[0]:,.0f}, {t[1]:,.0f})" for c, t in traced.items()
-             if tuple(fn(c, micro, cfg.size, cfg.base)) != t]
-    if wrong:
-        print("[cut_bytes] right on paper, yet a real pipeline sent other bytes:\n  "
-              + "\n  ".join(wrong) + "\nThe lab goes on with the reference.")
-        return EXERCISES["cut_bytes"].reference
-    print(f"[cut_bytes] and on 2 real ranks, at every cut of the lab's U-Net, your bytes per "
-          f"micro-batch of {micro} images equal the traced ones: " + ", ".join(
-              f"cut {c} {t[0] / 1e3:,.0f} kB" for c, t in traced.items()))
-    return fn
+def print_at_scale(micro_batches: int = 24) -> None:
+    rows = at_scale(micro_batches)
+    base = ZB_PAPER["1f1b"]
+    print(f"{'':<26}{'PREDICTED':^26}   {'published (measured)':^24}")
+    print(f"{'schedule':<26}{'step s':>8}{'speed':>8}{'memory':>10}   {'speed':>10}{'memory':>10}")
+    for r in rows:
+        pub = r["published"]
+        said = (f"{pub[0] / base[0]:>9.2f}x{pub[1] / base[1]:>9.2f}x" if pub
+                else f"{UNPUBLISHED[r['schedule']]:>20}")
+        print(f"{NAMES[r['schedule']]:<26}{r['step_s']:>8.2f}{r['speed_up']:>7.2f}x"
+              f"{r['memory_gb'] / rows[0]['memory_gb']:>9.2f}x   {said}")
+    print(f"speed and memory against 1F1B's; a GPT-3-like 6.2B model on 8 A100s as 8 stages, "
+          f"{micro_batches} micro-batches of 3; published: Qi et al. 2024, Table 4")

@@ -11,9 +11,10 @@ transformer blocks), ``gemm``
 ``links`` and ``collectives`` (alpha-beta links; rings inside a node, across nodes over
 every card, NVLink SHARP), ``sharding`` (ZeRO 1-3 / FSDP in the step), ``stage`` (the
 mesh, one stage's passes), ``engine`` (ranks' programs run on paper),
-``program`` (what the strategy functions share: the mesh, a stage's passes, schedules,
-every rank's step program), ``timelines`` (one function per strategy; ``servers``: lab
-06's; ``strategies``: by name), ``memory``, ``clusters`` (presets with their sources),
+``program`` (what the strategy functions share: the mesh, a stage's passes, schedules
+from ``parlab.pipeline`` and ``parlab.pipeline_orders``, every rank's step program),
+``timelines`` (one function per strategy; ``servers``: lab 06's; ``strategies``: by
+name), ``memory``, ``clusters`` (presets with their sources),
 ``published`` (checks against papers), ``published_runs`` (94 published runs, split into
 a fitting and a held-out set), ``validate`` (the model's prediction of each), ``model``
 (clusters, workloads), ``summary`` (the summary model), ``calibrate`` (fits to what a
@@ -87,8 +88,10 @@ takes ``(net, cluster, batch, ..., steps=1, costs=None)``:
     ``single_device(micro_batches=1)``                     lab 01
     ``manual_split(devices=2, bounds=None)``               lab 02
     ``tensor_parallel(devices=2, scheme="column_row" | "naive", sequence_parallel=False)``
-    ``pipeline(stages=2, micro_batches=4, schedule="gpipe" | "1f1b" | "interleaved" | "pipedream",
-               chunks=2, bounds=None)``                    lab 04
+    ``pipeline(stages=2, micro_batches=4, schedule="gpipe" | "1f1b" | "interleaved" | "pipedream"
+               | "zb-h1" | "dualpipev", chunks=2, bounds=None)``   lab 04, lab 12
+               (zb-h1 and dualpipev split backwards into B, the input's gradient, and
+               W, the weights', priced apart: ``Roofline.weight_grad_s``)
     ``data_parallel(devices=2, buckets=1 | n | "per_tensor", overlap=True, zero=0)``
     ``parameter_server(workers=2, mode="sync" | "async", slow={rank: factor})``  lab 06
     ``hybrid(dp=2, tp=1, pp=1, micro_batches=None, schedule=, chunks=2, zero=0,

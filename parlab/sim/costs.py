@@ -105,6 +105,32 @@ class Roofline:
         return self.cluster.layer_overhead_s + params * self.net.update_bytes / \
             self.cluster.memory_bandwidth_Bps
 
+    def weight_grad_s(self, i: int, batch: float, shard: int = 1) -> float:
+        """The part of ``backward_s`` that computes layer i's weights' gradient: the dB
+        product of each product with weights. The rest (every dA, attention's products,
+        the element-wise work, the fixed cost) is the input's gradient."""
+        layer, c, ab = self.net.layers[i], self.cluster, self.net.act_bytes
+        unit = getattr(c, "matrix", None)
+        if unit is not None and layer.gemms:
+            return pass_s(unit, layer.gemms, batch, shard, ab, backward=True, weights_only=True)
+        flops = sum(g.flops for g in layer.gemms if g.weights) if layer.gemms else (
+            layer.flops if layer.params else 0.0)
+        share = flops / layer.flops if layer.flops else 0.0
+        matmul_bytes = (layer.params * ab + (layer.out_elems + _in_elems(self.net, i))
+                        * batch * ab) / shard
+        return share * max(layer.flops * batch / shard / c.flops,
+                           matmul_bytes / c.memory_bandwidth_Bps)
+
+
+def weight_grad_s(costs, i: int, batch: float, shard: int = 1) -> float:
+    """Seconds of layer i's weights' gradient, within its ``backward_s``: a split
+    backward's W (Qi et al., 2024), whose B is the rest (the input's gradient). From the
+    cost source where it prices the two apart (``Roofline``); else half the backward:
+    each product of the forward becomes two of its FLOPs, one in B and one in W (Qi et
+    al., 2024, section 2.3, table 1; their handcrafted schedules take B and W as equal)."""
+    own = getattr(costs, "weight_grad_s", None)
+    return own(i, batch, shard) if own is not None else costs.backward_s(i, batch, shard) / 2
+
 
 def call_s(costs) -> tuple:
     """(forward, backward, update) seconds of each call of a pass (``Measured.call_s``);

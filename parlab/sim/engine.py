@@ -2,12 +2,12 @@
 
 A program is a rank's list of operations, in the order its code runs them:
 ``Compute`` (busy for some seconds), ``Send`` / ``Recv`` (point to point, matched in
-order per pair of ranks), ``Collective`` (every member of a group; blocking, or in the
-background on a lane of its own, as DDP's bucket all-reduces run) and ``Join`` (wait
-for the background ones). Each rank steps through its list as far as its peers allow;
-a rank that reaches a receive or collective before its peers WAITS, and the transfer
-starts when the last one arrives (a rendezvous), as ``trace.split_waits`` reads the
-measured timelines. If every rank is blocked before the end, the programs deadlock and
+order per pair of ranks and tag), ``Collective`` (every member of a group; blocking,
+or in the background on a lane of its own, as DDP's bucket all-reduces run) and
+``Join`` (wait for the background ones). Each rank steps through its list as far as its
+peers allow; a rank that reaches a receive or collective before its peers WAITS, and the
+transfer starts when the last one arrives (a rendezvous), as ``trace.split_waits`` reads
+the measured timelines. If every rank is blocked before the end, the programs deadlock and
 the engine says where.
 
 ``wake_s``: on an oversubscribed CPU a rank that blocked (it sleeps in the kernel)
@@ -98,6 +98,7 @@ class Send:
     name: str = "send"
     axis: str | None = None
     blocking: bool = False       # a blocking send waits for its receive; isend does not
+    tag: int = 0                 # messages of other tags between the pair are matched apart
 
     def __post_init__(self):
         amount(f"Send {self.name!r}", "seconds", self.seconds, unit="seconds")
@@ -110,6 +111,7 @@ class Recv:
     nbytes: float
     name: str = "recv"
     axis: str | None = None
+    tag: int = 0
 
 
 @dataclass(frozen=True)
@@ -216,16 +218,14 @@ class Engine:
         self.spread = tuple(tuple(x) for x in spread)
         self.settled: dict[tuple, float] = {}     # message or collective key -> its seconds
         self.draw = random.Random(SPREAD_SEED)
-        self.n = len(programs)
-        self.now = 0.0
-        self.pos = [0] * self.n
-        self.spans: list[Span] = []
+        self.n, self.now = len(programs), 0.0
+        self.pos, self.spans = [0] * self.n, []
         self.arrived_at = [0.0] * self.n          # when the rank reached its current op
         self.work: dict[int, tuple[float, float, str]] = {}   # computing: (start, left, name)
         self.busy_until: dict[int, float] = {}    # in a transfer (or a wait) until
-        self.sends: dict[tuple, tuple] = {}       # (src, dst, k) -> (post time, send op)
-        self.recvs: dict[tuple, float] = {}       # (src, dst, k) -> arrival of the receive
-        self.pairs: dict[tuple, int] = {}         # (src, dst, "s" | "r") -> next k
+        self.sends: dict[tuple, tuple] = {}       # (src, dst, tag, k) -> (post time, send op)
+        self.recvs: dict[tuple, float] = {}       # (src, dst, tag, k) -> arrival of the receive
+        self.pairs: dict[tuple, int] = {}         # (src, dst, tag, "s" | "r") -> next k
         self.posted: dict[tuple, int] = {}        # (rank, position) -> its number
         self.arrived: dict[tuple, dict] = {}      # collective key -> {rank: arrival}
         self.seq: dict[tuple, int] = {}           # (rank, group, background) -> next k
@@ -315,7 +315,7 @@ class Engine:
         return self.posted[mark]
 
     def _send(self, r, op: Send):
-        key = (r, op.peer, self._number(r, self.pairs, (r, op.peer, "s")))
+        key = (r, op.peer, op.tag, self._number(r, self.pairs, (r, op.peer, op.tag, "s")))
         if not op.blocking:     # its data leaves when the rank's gloo thread gets the core
             self.sends.setdefault(key, (self.now + held_s(self.held, self.programs[r],
                                                           self.pos[r]), op))
@@ -327,7 +327,7 @@ class Engine:
                               key)
 
     def _recv(self, r, op: Recv):
-        key = (op.peer, r, self._number(r, self.pairs, (op.peer, r, "r")))
+        key = (op.peer, r, op.tag, self._number(r, self.pairs, (op.peer, r, op.tag, "r")))
         self.recvs.setdefault(key, self.arrived_at[r])
         if key not in self.sends:
             return None

@@ -136,13 +136,16 @@ def layer_products(gemm, batch: float, shard: int) -> list[tuple]:
 
 
 def pass_s(unit: MatrixUnit, gemms, batch: float, shard: int, elem_bytes: int,
-           backward: bool = False) -> float:
+           backward: bool = False, weights_only: bool = False) -> float:
     """Seconds of a layer's matrix products, forward or backward, on one rank.
 
     Backward, each forward product C = A B becomes two: dA = dC B^T (m x k x n) and
     dB = A^T dC (k x n x m) (for weights, m spans the whole batch: the weights' gradient
     sums over it). Bytes: each product's activations (and weights) read or written once.
     A convolution's two backward products are convolutions too (Winograd applies).
+    weights_only: the backward's dB of the products with weights alone, the weights'
+    gradient (a split backward's W, Qi et al., 2024); every other product feeds the
+    input's gradient.
     """
     total = 0.0
     for g in gemms:
@@ -152,6 +155,8 @@ def pass_s(unit: MatrixUnit, gemms, batch: float, shard: int, elem_bytes: int,
             how = {"winograd": g.winograd, "conv": g.a_elems > 0}   # a_elems: convolutions
             if not backward:
                 total += unit.seconds(m, n, k, batch=b, nbytes=nbytes, **how)
+            elif weights_only:
+                total += unit.seconds(k, n, m, batch=b, nbytes=nbytes, **how) if g.weights else 0.0
             else:
                 total += unit.seconds(m, k, n, batch=b, nbytes=nbytes, **how)
                 total += unit.seconds(k, n, m, batch=b, nbytes=nbytes, **how)

@@ -9,8 +9,11 @@ activations its layers keep for the backward pass, for every micro-batch in flig
 * tensor parallel: the layers' parameters and activations divided by tp (an unpaired
   last layer of column-then-row stays whole);
 * pipelines: a stage's layers only; GPipe keeps all m micro-batches, 1F1B at most
-  p - s on stage s (``schedules.peak_in_flight``), interleaved 1F1B what its schedule
-  holds at its peak.
+  p - s on stage s (``pipeline.peak_in_flight``), interleaved 1F1B, ZB-H1 and DualPipeV
+  what their schedules hold at their peak, a chunk's layers per micro-batch and chunk
+  (peak_in_flight / chunks stage-loads); where a backward is split, a micro-batch is
+  held until its W, which still reads the inputs its F saved (counted whole: Qi et al.,
+  2024, section 2.3, keep a little less, M_W < M_B, after the B).
 
 What a layer keeps is ``Layer.saved_elems`` (sliced by tp) and
 ``saved_replicated_elems`` (whole on every tp rank); Korthikanti et al., 2022 (table 2)
@@ -36,7 +39,8 @@ from dataclasses import dataclass
 
 from ..errors import counted
 from .costs import Network, Roofline
-from .program import Mesh, Stage, divides, stage_layers, stage_orders
+from ..pipeline import virtual_stage
+from .program import CHUNKED, Mesh, Stage, divides, stage_layers, stage_orders
 from .sharding import check_zero, sharded_states
 
 GB = 1e9
@@ -98,7 +102,7 @@ class Memory:
 
 
 def memory_per_device(net: Network, batch: int, *, dp: int = 1, tp: int = 1, pp: int = 1,
-                      micro_batches: int = 1, schedule: str = "1f1b", chunks: int = 1,
+                      micro_batches: int = 1, schedule: str = "1f1b", chunks: int | None = None,
                       scheme: str = "column_row", bounds=None, cluster=None,
                       costs=None, zero: int = 0, recompute=None,
                       sequence_parallel: bool = False) -> list[Memory]:
@@ -108,10 +112,13 @@ def memory_per_device(net: Network, batch: int, *, dp: int = 1, tp: int = 1, pp:
     balance the stages as the timelines do); without one, stages are balanced by FLOPs.
     zero, recompute, sequence_parallel: see the module doc (the network's own
     ``recompute`` and ``sequence_parallel`` hold where these are not given).
+    chunks: per device; default 2 for "interleaved" and "dualpipev" with a pipeline, else 1.
     """
     batch, dp, tp, pp = (counted(batch, "batch"), counted(dp, "dp"), counted(tp, "tp"),
                          counted(pp, "pp"))
     m = counted(micro_batches, "micro_batches")
+    if chunks is None:
+        chunks = CHUNKED.get(schedule, 1) if pp > 1 else 1
     chunks = counted(chunks, "chunks")
     zero = check_zero(zero)
     if recompute is not None or sequence_parallel:
@@ -122,11 +129,13 @@ def memory_per_device(net: Network, batch: int, *, dp: int = 1, tp: int = 1, pp:
     if costs is None:
         costs = Roofline(net, cluster) if cluster is not None else _FlopCosts(net)
     mesh = Mesh(_Unbounded(), dp, pp, tp) if cluster is None else Mesh(cluster, dp, pp, tp)
-    cuts = stage_layers(net, costs, pp * chunks, bounds, mb)
     ops = stage_orders(schedule, pp, m, chunks) if pp > 1 else [[("F", 0, 0), ("B", 0, 0)]]
+    cuts = stage_layers(net, costs, pp * chunks, bounds, mb)     # one per virtual stage
+    placement = getattr(ops, "placement", "loop")
     st, out = net.state, []
     for s in range(pp):
-        parts = [Stage(net, costs, cuts[c * pp + s], mesh, scheme) for c in range(chunks)]
+        parts = [Stage(net, costs, cuts[virtual_stage(s, c, pp, placement)], mesh, scheme)
+                 for c in range(chunks)]
         params = sum(p.params() for p in parts)
         per_chunk = [sum(net.kept_elems(i, p._sliced(i), tp) for i in p.layers)
                      * mb * net.act_bytes for p in parts]
@@ -152,10 +161,15 @@ def memory(net: Network, batch: int, **plan) -> Memory:
 
 
 def _peak_activations(ops, per_chunk) -> float:
-    """Most activation bytes held at once: F adds its chunk's, B frees them."""
+    """Most activation bytes held at once: F adds its chunk's, B frees them, or W where
+    the backward is split (as ``pipeline.peak_in_flight`` counts)."""
+    split = {(i, chunk) for kind, i, chunk in ops if kind == "W"}
     live = peak = 0.0
-    for kind, _, chunk in ops:
-        live += per_chunk[chunk] if kind == "F" else -per_chunk[chunk]
+    for kind, i, chunk in ops:
+        if kind == "F":
+            live += per_chunk[chunk]
+        elif (kind == "W") == ((i, chunk) in split):
+            live -= per_chunk[chunk]
         peak = max(peak, live)
     return peak
 

@@ -8,9 +8,10 @@ Recv, Collective, Join); ``programs`` writes them for a dp × tp × pp mesh and
 """
 from __future__ import annotations
 
+from .. import pipeline_orders
 from ..errors import counted
-from ..pipeline import check as check_schedule, pass_kind
-from ..pipeline import gpipe, one_f_one_b
+from ..pipeline import Schedule, check as check_schedule, device_of, gpipe, one_f_one_b
+from ..pipeline import op_parts, pass_kind, virtual_stage
 from ..split import balance, check_bounds
 from . import limits
 from .costs import Network, Roofline
@@ -19,7 +20,13 @@ from .model import send_s
 from .sharding import Sharder, check_zero
 from .stage import Mesh, Stage, all_gather_s  # noqa: F401 (program.Mesh, as before)
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "pipedream")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "pipedream", "zb-h1", "dualpipev")
+# schedules with several chunks per device, and the count they take where none is given
+CHUNKED = {"interleaved": 2, "dualpipev": 2}
+SPLIT = ("zb-h1", "dualpipev")       # schedules that split backwards into B and W
+# point-to-point tags: one device may send another both activations and gradients
+# (DualPipeV's V; interleaved 1F1B on 2 devices), each kind received in its own order
+ACTIVATIONS, GRADIENTS = 0, 1
 
 
 def divides(batch: int, parts: int, what: str) -> int:
@@ -29,8 +36,9 @@ def divides(batch: int, parts: int, what: str) -> int:
     return batch // parts
 
 
-def gradient_buckets(net: Network, layers: range, shard_params, buckets) -> list[tuple[int, float]]:
+def gradient_buckets(net: Network, layers, shard_params, buckets) -> list[tuple[int, float]]:
     """(layer after whose backward the bucket is ready, its bytes), in backward order.
+    layers: the rank's, ascending (with several chunks, not one run of the network's).
 
     buckets: a number (layers grouped, last first, into about equal bytes, as DDP's
     ``bucket_cap_mb`` does) or "per_tensor" (weight and bias of each layer apart, as
@@ -71,16 +79,15 @@ def programs(net, cluster, costs, batch, *, dp=1, tp=1, pp=1, micro_batches=1,
     """
     mesh = Mesh(cluster, dp, pp, tp)
     # every micro-batch runs a forward and a backward of each layer on each replica and
-    # tp slice, and each rank updates once a step: refused before anything is built
-    limits.operations("timeline", steps * dp * tp * (2 * micro_batches * len(net) + pp),
+    # tp slice (and a W where the schedule splits it), and each rank updates once a step:
+    # refused before anything is built
+    passes = 3 if schedule in SPLIT and pp > 1 else 2
+    limits.operations("timeline", steps * dp * tp * (passes * micro_batches * len(net) + pp),
                       f"steps={steps} × micro_batches={micro_batches} × {len(net)} layers "
                       f"× {dp * tp} replica(s) and tp slice(s)")
     zero = check_zero(zero) if dp > 1 else 0
     replica = divides(batch, dp, "data-parallel replicas")
     mb = divides(replica, micro_batches, "micro-batches")
-    stages = pp * chunks
-    cuts = stage_layers(net, costs, stages, bounds, mb)
-    progs = [[] for _ in range(mesh.size)]
     named = phase_names or (("forward", "backward") if micro_batches == 1 else None)
     # PipeDream (Narayanan et al., 2019) never flushes: the micro-batches of every step
     # stream through one 1F1B schedule, each stage updating after each m backward passes
@@ -90,12 +97,17 @@ def programs(net, cluster, costs, batch, *, dp=1, tp=1, pp=1, micro_batches=1,
         raise ValueError("pipedream streams one chunk per device: chunks=1")
     ops_of = stage_orders(schedule if pp > 1 else "1f1b", pp, micro_batches * (steps if stream else 1),
                           chunks)
+    placement = ops_of.placement
+    cuts = stage_layers(net, costs, pp * chunks, bounds, mb)     # one per virtual stage
+    progs = [[] for _ in range(mesh.size)]
     for _ in range(1 if stream else steps):
         for d in range(dp):
             for s in range(pp):
                 for t in range(tp):
                     r = mesh.rank(d, s, t)
-                    parts = [Stage(net, costs, cuts[c * pp + s], mesh, scheme) for c in range(chunks)]
+                    parts = [Stage(net, costs, cuts[virtual_stage(s, c, pp, placement)], mesh,
+                                   scheme) for c in range(chunks)]
+                    split = {(i, c) for kind, i, c in ops_of[s] if kind == "W"}
                     if zero == 3:
                         for part in parts:
                             part.sharder = Sharder(net, mesh, mesh.dp_group(s, t), part.layers,
@@ -103,7 +115,8 @@ def programs(net, cluster, costs, batch, *, dp=1, tp=1, pp=1, micro_batches=1,
                     backs, begun = 0, len(progs[r])
                     for kind, i, c in ops_of[s]:
                         progs[r] += pipeline_op(kind, i, c, s, parts[c], mesh, d, t, pp, chunks,
-                                                 mb, named, blocking, schedule)
+                                                 mb, named, blocking, schedule, placement,
+                                                 (i, c) in split)
                         backs += kind == "B"
                         if stream and kind == "B" and backs % micro_batches == 0:
                             progs[r] += _exchange_and_update(net, parts, mesh, s, t, buckets,
@@ -146,8 +159,13 @@ def _shard_params(stage: Stage):
 
 
 def pipeline_op(kind, i, c, s, stage: Stage, mesh: Mesh, d, t, pp, chunks, mb, named,
-                 blocking, schedule="1f1b") -> list:
-    """One F or B of micro-batch i on chunk c of stage s, with its receive and send.
+                 blocking, schedule="1f1b", placement="loop", split=False) -> list:
+    """One F, B or W of micro-batch i on chunk c of stage s, with its receive and send.
+
+    The chunk is virtual stage ``pipeline.virtual_stage(s, c, pp, placement)``; its
+    neighbours may sit on the same device (the bottom of DualPipeV's V), where nothing
+    is sent. split: this B computes the input's gradient only, and W the weights'
+    (Qi et al., 2024), which nobody waits for: it sends nothing.
 
     With tensor parallelism each rank sends 1/tp of the boundary and the receivers
     all-gather it over tp (Narayanan et al., 2021, section 4.1: the scatter/gather
@@ -156,43 +174,46 @@ def pipeline_op(kind, i, c, s, stage: Stage, mesh: Mesh, d, t, pp, chunks, mb, n
     without waiting for the gradients from earlier layers", Huang et al., 2019, section
     2.3), filling the wait; in 1F1B once it has (Megatron-LM's backward step).
     """
-    v = c * pp + s                               # the virtual stage (interleaved)
+    v = virtual_stage(s, c, pp, placement)
     last_v = pp * chunks - 1
-    name = named[0 if kind == "F" else 1] if named else f"{kind}{i}"
-    prev_rank = mesh.rank(d, (s - 1) % pp, t)
-    next_rank = mesh.rank(d, (s + 1) % pp, t)
+    name = named[0 if kind == "F" else 1] if named and kind != "W" else f"{kind}{i}"
+    prev_device = device_of(v - 1, pp, placement)[0] if v > 0 else s
+    next_device = device_of(v + 1, pp, placement)[0] if v < last_v else s
+    prev_rank, next_rank = mesh.rank(d, prev_device, t), mesh.rank(d, next_device, t)
     group = mesh.tp_group(d, s)
     link = mesh.link["pp"]
     ops = []
 
-    def receive(peer, at):
+    def receive(peer, at, tag):
         nbytes = boundary_bytes(stage.net, at, mb)
-        out = [Recv(peer, nbytes / mesh.tp, "recv", "pp")]
+        out = [Recv(peer, nbytes / mesh.tp, "recv", "pp", tag)]
         if mesh.tp > 1:
             out += stage.tp_collective(group, nbytes / mesh.tp, mesh.half_ring_s("tp", nbytes),
                                        "all-gather", name)
         return out
 
-    def send(peer, at):
+    def send(peer, at, tag):
         nbytes = boundary_bytes(stage.net, at, mb) / mesh.tp
-        return [Send(peer, nbytes, send_s(nbytes, link), "send", "pp", blocking)]
+        return [Send(peer, nbytes, send_s(nbytes, link), "send", "pp", blocking, tag)]
 
+    if kind == "W":
+        return stage.weight_grads(name, mb)
     if kind == "F":
-        if v > 0:
-            ops += receive(prev_rank, stage.layers.start)
+        if prev_device != s:
+            ops += receive(prev_rank, stage.layers.start, ACTIVATIONS)
         ops += stage.forward(name, mb, group)
-        if v < last_v:
-            ops += send(next_rank, stage.layers.stop)
+        if next_device != s:
+            ops += send(next_rank, stage.layers.stop, ACTIVATIONS)
     else:
         early = stage.recompute("recompute", mb, group) if schedule == "gpipe" else []
         ops += early
-        if v < last_v:
-            ops += receive(next_rank, stage.layers.stop)
+        if next_device != s:
+            ops += receive(next_rank, stage.layers.stop, GRADIENTS)
         if not early:
             ops += stage.recompute("recompute", mb, group)
-        ops += stage.backward(name, mb, group)
-        if v > 0:
-            ops += send(prev_rank, stage.layers.start)
+        ops += stage.backward(name, mb, group, split)
+        if prev_device != s:
+            ops += send(prev_rank, stage.layers.start, GRADIENTS)
     return ops
 
 
@@ -217,8 +238,8 @@ def data_parallel_ops(net, parts, mesh: Mesh, s, t, buckets, overlap, prog, zero
         return [Join()] if overlap else []
     group = mesh.dp_group(s, t)
     shard = {i: net.layers[i].params / p._sliced(i) for p in parts for i in p.layers}
-    layers = [i for p in parts for i in p.layers]
-    plan = gradient_buckets(net, range(min(layers), max(layers) + 1), shard.get, buckets)
+    # a device's chunks are not one run of layers (interleaved, DualPipeV): only its own
+    plan = gradient_buckets(net, sorted(shard), shard.get, buckets)
     if zero:
         ops = [Collective(group, nbytes, mesh.half_ring_s("dp", nbytes), "reduce-scatter",
                           "dp", background=overlap) for _, nbytes in plan]
@@ -233,63 +254,47 @@ def data_parallel_ops(net, parts, mesh: Mesh, s, t, buckets, overlap, prog, zero
 
 def weave_after_backward(prog: list, plan, ops) -> None:
     """Insert each bucket's all-reduce right after the backward pass that completes it:
-    the last backward compute of its layer in this step (the last micro-batch's)."""
+    the last backward compute of its layer in this step (the last micro-batch's), or
+    of a split backward's W, which computes the weights' gradient after its B."""
     where: dict[int, int] = {}
     for pos in range(len(prog) - 1, -1, -1):
         op = prog[pos]
         if isinstance(op, Compute) and op.name == "update":
             break
         if (isinstance(op, Compute) and op.layer is not None and op.layer not in where
-                and (op.name == "backward" or op.name.startswith("B"))):
+                and (op.name == "backward" or op.name.startswith(("B", "W")))):
             where[op.layer] = pos
     for (layer, _), op in sorted(zip(plan, ops), key=lambda x: -where[x[0][0]]):
         prog.insert(where[layer] + 1, op)
 
 
-def stage_orders(name: str, pp: int, m: int, chunks: int) -> list[list[tuple]]:
-    """Per stage: ("F" | "B", micro-batch, chunk) in the order the stage runs them."""
+def stage_orders(name: str, pp: int, m: int, chunks: int) -> Schedule:
+    """Per stage: ("F" | "B" | "W", micro-batch, chunk) in the order the stage runs them,
+    as a ``pipeline.Schedule`` (its ``chunks`` and ``placement``); the orders are the
+    core's (``pipeline``, ``pipeline_orders``)."""
     if name not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {name!r}")
     if name == "interleaved":
-        return interleaved_orders(pp, m, chunks)
-    if chunks != 1:
-        raise ValueError(f"chunks={chunks} needs schedule='interleaved'")
-    ops = (gpipe if name == "gpipe" else one_f_one_b)(pp, m)    # pipedream: 1F1B's order
+        ops = pipeline_orders.interleaved_1f1b(pp, m, chunks)
+    elif name == "dualpipev":
+        if chunks != 2:
+            raise ValueError(f"dualpipev holds exactly 2 chunks per device, in a V (stages d "
+                             f"and 2p-1-d): use chunks=2, got chunks={chunks}")
+        if m < 2 * pp:
+            raise ValueError(f"dualpipev needs micro_batches >= 2 x stages = {2 * pp} (its V "
+                             f"has {2 * pp} virtual stages), got {m}: use at least {2 * pp} "
+                             "micro-batches, or fewer stages")
+        ops = pipeline_orders.dualpipev(pp, m)
+    elif chunks != 1:
+        raise ValueError(f"chunks={chunks} needs schedule='interleaved' (or 'dualpipev', "
+                         f"2 chunks); {name!r} runs one chunk per device: use chunks=1")
+    elif name == "zb-h1":
+        ops = pipeline_orders.zb_h1(pp, m)
+    else:                                       # pipedream: 1F1B's order
+        ops = Schedule((gpipe if name == "gpipe" else one_f_one_b)(pp, m))
     check_schedule(ops, pp, m)
-    return [[(k, i, 0) for k, i in stage] for stage in ops]
-
-
-def interleaved_orders(p: int, m: int, v: int) -> list[list[tuple]]:
-    """Interleaved 1F1B (Narayanan et al., 2021, section 2.2): v chunks per device.
-
-    Device d holds virtual stages d, d + p, ...; micro-batches go through in groups of
-    p. Warm-up: (p - d - 1) * 2 + (v - 1) * p forwards, then one forward and one
-    backward in turn (Megatron-LM's ``forward_backward_pipelining_with_interleaving``).
-    """
-    if v < 2:
-        raise ValueError(f"an interleaved schedule needs chunks >= 2, got {v}")
-    if m % p:
-        raise ValueError(f"interleaved 1F1B runs micro-batches in groups of the {p} stages: "
-                         f"micro_batches={m} must be a multiple of {p}")
-    total = m * v
-
-    def unit(k: int, backward: bool) -> tuple[int, int]:
-        chunk = (k // p) % v
-        return (k // (p * v)) * p + k % p, (v - 1 - chunk if backward else chunk)
-
-    out = []
-    for d in range(p):
-        warm = min((p - d - 1) * 2 + (v - 1) * p, total)
-        ops = [("F", *unit(k, False)) for k in range(warm)]
-        f, b = warm, 0
-        while b < total:
-            if f < total:
-                ops.append(("F", *unit(f, False)))
-                f += 1
-            ops.append(("B", *unit(b, True)))
-            b += 1
-        out.append(ops)
-    return out
+    return Schedule([[op_parts(op) for op in stage] for stage in ops], ops.chunks,
+                    ops.placement)
 
 
 def stage_layers(net: Network, costs, stages: int, bounds, batch: float) -> list[range]:

@@ -59,7 +59,9 @@ class Sharder:
         return Collective(self.group, nbytes, self.mesh.half_ring_s("dp", nbytes),
                           "reduce-scatter grads", "dp", background=self.overlap)
 
-    def before(self, i: int, *, forward: bool) -> list:
+    def before(self, i: int, *, forward: bool, scatters: bool = True) -> list:
+        """The gathers before layer i's pass. scatters: False in a split backward's B,
+        which reduce-scatters nothing (its W does, ``Stage.weight_grads``)."""
         if not self.shard_params(i):
             return []
         if not self.overlap:
@@ -70,7 +72,7 @@ class Sharder:
         nxt = order[k + 1] if k + 1 < len(order) else None
         ops = [self._gather(i)] if k == 0 else []
         # posted since this layer's gather: (backward) the previous layer's reduce-scatter
-        later = 0 if (forward or k == 0) else 1
+        later = 0 if (forward or k == 0 or not scatters) else 1
         if nxt is not None:
             ops.append(self._gather(nxt))              # prefetch the next layer's
             later += 1

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .checks import amount, count
 from .collectives import all_reduce_time, half_ring_time
-from .costs import Network, call_s
+from .costs import Network, call_s, weight_grad_s
 from .engine import Collective, Compute
 from .model import Cluster
 
@@ -150,25 +150,45 @@ class Stage:
                     for i in self.layers if self.net.layers[i].attention_elems]
         return []
 
-    def backward(self, name: str, batch: float, group: tuple) -> list:
+    def backward(self, name: str, batch: float, group: tuple, split: bool = False) -> list:
+        """The backward pass, from the last layer. split: the input's gradient only, a
+        split backward's B (Qi et al., 2024), whose W (``weight_grads``) computes the
+        weights' gradient later; its collectives are the same (they carry the input's
+        gradient), and ZeRO-3's reduce-scatter of the weights' gradient moves to the W."""
         ops, m, ab = self._call(name, 1), self.mesh, self.net.act_bytes
         for k in reversed(range(len(self.layers))):
             i = self.layers[k]
             if self.sharder:
-                ops += self.sharder.before(i, forward=False)
+                ops += self.sharder.before(i, forward=False, scatters=not split)
             grad_in = self.net.out_elems(i - 1) * batch * ab
             blocks = self.net.layers[i].tp_all_reduces
             if m.tp > 1 and blocks:          # (the input data needs no gradient)
-                ops += self._block(name, self.costs.backward_s(i, batch, m.tp), grad_in,
+                ops += self._block(name, self._backward_s(i, batch, split), grad_in,
                                    blocks if i > 0 else 0, group, i)
             else:
-                ops.append(Compute(name, self.costs.backward_s(i, batch, self._sliced(i)), i))
+                ops.append(Compute(name, self._backward_s(i, batch, split), i))
                 # dL/dx of a column-parallel layer is a sum over the ranks; the input data
                 # needs none (the first layer of the network)
                 column = self.scheme == "naive" or (k % 2 == 0 and self._sliced(i) > 1)
                 if m.tp > 1 and column and i > 0:
                     ops += self.tp_collective(group, grad_in, m.all_reduce_s("tp", grad_in),
                                               "all-reduce", name)
+            if self.sharder and not split:
+                ops += self.sharder.after(i, forward=False)
+        return ops
+
+    def _backward_s(self, i: int, batch: float, split: bool) -> float:
+        full = self.costs.backward_s(i, batch, self._sliced(i))
+        return full - weight_grad_s(self.costs, i, batch, self._sliced(i)) if split else full
+
+    def weight_grads(self, name: str, batch: float) -> list:
+        """A split backward's W: each layer's weights' gradient, from the last layer. No
+        collective: each tensor-parallel rank owns its slice's gradient; ZeRO-3
+        reduce-scatters a layer's gradient once it is computed. A pass of its own, it
+        pays its own call (``costs.call_s``, the backward's)."""
+        ops = self._call(name, 1)
+        for i in reversed(self.layers):
+            ops.append(Compute(name, weight_grad_s(self.costs, i, batch, self._sliced(i)), i))
             if self.sharder:
                 ops += self.sharder.after(i, forward=False)
         return ops

@@ -21,14 +21,15 @@ Strategies (``sim.timeline(name, ...)`` dispatches by name, see ``sim.strategies
     tensor_parallel(net, cluster, batch, devices=2, scheme="column_row" | "naive",
                     sequence_parallel=False)                         lab 03
     pipeline(net, cluster, batch, stages=2, micro_batches=4,
-             schedule="gpipe" | "1f1b" | "interleaved" | "pipedream", chunks=2)  lab 04
+             schedule="gpipe" | "1f1b" | "interleaved" | "pipedream" | "zb-h1" |
+             "dualpipev", chunks=2)                                  lab 04, lab 12
     data_parallel(net, cluster, batch, devices=2, buckets=1, overlap=True,
                   zero=0 | 1 | 2 | 3)                               lab 05 (ZeRO, FSDP: lab 08)
     parameter_server(net, cluster, batch, workers=2, mode="sync" | "async",
                      slow={worker: factor})                in sim.servers, lab 06
     hybrid(net, cluster, batch, dp=2, tp=1, pp=1, micro_batches=None,
-           schedule="1f1b" | "gpipe" | "interleaved", chunks=2, zero=0,
-           sequence_parallel=False)                                  lab 07
+           schedule="1f1b" | "gpipe" | "interleaved" | "zb-h1" | "dualpipev", chunks=2,
+           zero=0, sequence_parallel=False)                          lab 07
 
 ``recompute=None | "selective" | "full"`` (activation recomputation, Korthikanti et
 al., 2022) is accepted by every one but the parameter server (``net.trained(...)``
@@ -44,8 +45,8 @@ from . import limits
 from .costs import Network
 from .engine import PredictedTimeline
 from .model import Cluster
-from .program import (SCHEDULES, all_gather_s, costs_for, notes_for, programs,  # noqa: F401
-                      run_programs)
+from .program import (CHUNKED, SCHEDULES, all_gather_s, costs_for, notes_for,  # noqa: F401
+                      programs, run_programs)
 
 SCHEMES = ("column_row", "naive")
 
@@ -111,14 +112,17 @@ def pipeline(net: Network, cluster: Cluster, batch: int, *, stages: int = 2,
     """Lab 04: a micro-batch pipeline (GPipe, 1F1B, interleaved 1F1B with ``chunks``
     model chunks per device, or PipeDream: 1F1B that never flushes, the micro-batches of
     all ``steps`` in one stream, each stage updating after each m backward passes).
-    Sends are non-blocking (``isend``), as in the course's pipeline; spans are named F<i>
-    and B<i>; the bubble is the stages' idle share.
+    Lab 12's: "zb-h1" (1F1B with each backward split into B, the input's gradient, and a
+    later W, the weights', Qi et al., 2024) and "dualpipev" (2 chunks per device in a
+    V, m >= 2 x stages; DeepSeek-V3, 2024); orders from ``parlab.pipeline_orders``.
+    Sends are non-blocking (``isend``), as in the course's pipeline; spans are named F<i>,
+    B<i> and W<i>; the bubble is the stages' idle share.
     recompute: GPipe re-materialises (Huang et al., 2019): its recomputation runs
     before the gradient arrives, in the cool-down's wait."""
     batch, steps = counted(batch, "batch"), counted(steps, "steps")
     stages, micro_batches = counted(stages, "stages"), counted(micro_batches, "micro_batches")
     limits.ranks("pipeline", "stages", stages)
-    chunks = counted(chunks, "chunks") if schedule == "interleaved" else 1
+    chunks = counted(chunks, "chunks") if schedule in CHUNKED else 1
     net = _trained(net, recompute)
     costs = costs_for(net, cluster, costs)
     progs, mesh = programs(net, cluster, costs, batch, pp=stages, micro_batches=micro_batches,
@@ -163,8 +167,9 @@ def hybrid(net: Network, cluster: Cluster, batch: int, *, dp: int = 2, tp: int =
 
     The replica runs tensor parallel and/or a pipeline (cut at ``bounds``, default
     balanced; ``schedule="interleaved"``: ``chunks`` model chunks per device, with tp too,
-    Narayanan et al., 2021); then its gradients are averaged over the dp line, in one
-    bucket after the backward (lab 07's ``bucket=True``), or sharded (``zero``).
+    Narayanan et al., 2021; "zb-h1", "dualpipev": as ``pipeline``); then its gradients
+    are averaged over the dp line, in one bucket after the backward (lab 07's
+    ``bucket=True``; after the W where a backward is split), or sharded (``zero``).
     micro_batches: per replica and step (default: 4 with a pipeline, 1 without; without a
     pipeline they run one after another, their gradients adding up)."""
     batch, steps = counted(batch, "batch"), counted(steps, "steps")
@@ -172,7 +177,7 @@ def hybrid(net: Network, cluster: Cluster, batch: int, *, dp: int = 2, tp: int =
     limits.ranks("hybrid", f"dp × tp × pp = {dp} × {tp} × {pp}", dp * tp * pp)
     m = counted(micro_batches, "micro_batches") if micro_batches is not None else (
         4 if pp > 1 else 1)
-    chunks = counted(chunks, "chunks") if schedule == "interleaved" else 1
+    chunks = counted(chunks, "chunks") if schedule in CHUNKED else 1
     net = _trained(net, recompute, sequence_parallel)
     costs = costs_for(net, cluster, costs)
     progs, mesh = programs(net, cluster, costs, batch, dp=dp, tp=tp, pp=pp, micro_batches=m,
