@@ -104,7 +104,7 @@ def test_the_exercise_checks_accept_the_reference_and_name_each_mistake(capsys):
 
     assert lab12.check_split_backward(split_backward) is split_backward
     lab12.check_split_backward(lambda x, dy, w: (dy @ w, x.T @ dy, dy.sum(0)))
-    assert "dW has shape (3, 4), want (4, 3)" in capsys.readouterr().out
+    assert "dA has shape (3, 4), want (4, 3)" in capsys.readouterr().out
     lab12.check_split_backward(lambda x, dy, w: (dy @ w, dy.T @ x, dy.mean(0)))
     assert "db differs" in capsys.readouterr().out
 

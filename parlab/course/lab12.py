@@ -64,28 +64,40 @@ def hand_overs(ops, devices: int, micro_batches: int) -> int:
 
 
 def plot_schedules(rows):
-    """One step of each schedule on paper (F = B = W, free hand-overs), one lane per
-    device, passes coloured by kind, in two panels on one time scale; time in units of
-    a device's forward pass of one micro-batch."""
-    return _panels({r["schedule"]: r["timeline"] for r in rows}, PAPER_TITLES, unit="s",
-                   predicted=True, xlabel="time (a device's forward pass of one micro-batch = 1)")
+    """One step of each schedule on paper (F = B = W, free hand-overs), one panel each on
+    one time scale, passes coloured by kind; time in units of a device's forward pass
+    of one micro-batch."""
+    fig = _panels({r["schedule"]: r["timeline"] for r in rows},
+                  {r["schedule"]: r["bubble"] for r in rows}, "on paper", unit="s",
+                  predicted=True, xlabel="time (a device's forward pass of one micro-batch = 1)")
+    legend = fig.axes[0].get_legend()
+    for text in legend.get_texts() if legend else ():
+        if text.get_text().startswith("predicted"):
+            text.set_text("on paper")
+    return fig
 
 
-PAPER_TITLES = ("on paper: ZB-H1's W's (olive) fill the end, where 1F1B's first devices idle",
-                "on paper: with two chunks a device, the pipeline fills and drains sooner")
-REPLAY_TITLES = ("replayed: ZB-H1 against 1F1B, this run's least disturbed steps",
-                 "replayed: two chunks a device, interleaved and in a V")
+WHAT_TO_SEE = {
+    "1f1b": "the first devices wait for a gradient, the last idle at the end",
+    "zb-h1": "the last devices' put-off W's (olive) fill 1F1B's idle end",
+    "interleaved": "half-size passes: the pipeline fills and drains sooner",
+    "dualpipev": "pieces in a V: the devices finish together"}
 
 
-def _panels(timelines: dict, titles, *, unit="ms", predicted=False, xlabel=None):
-    """1F1B and ZB-H1 above, interleaved 1F1B and DualPipeV below, sharing one time axis."""
+def _panels(timelines: dict, bubbles: dict, how: str, *, unit="ms", predicted=False,
+            xlabel=None):
+    """Each schedule's step in a panel of its own, one lane per device, on one time axis;
+    each title says what to see and gives the bubble."""
     from .. import plot
-    fig, axes = plot.pyplot().subplots(2, 1, figsize=(13, 9.5), sharex=True)
-    for ax, pair, title in zip(axes, (("1f1b", "zb-h1"), ("interleaved", "dualpipev")), titles):
-        plot.timeline(_stacked({n: timelines[n] for n in pair}), ax=ax, unit=unit,
-                      color_by="name", names=False, order=KINDS, title=title,
-                      predicted=predicted, legend=ax is axes[0])
-    axes[0].set_xlabel("")
+    fig, axes = plot.pyplot().subplots(4, 1, figsize=(13, 10.5), sharex=True)
+    for ax, name in zip(axes, SCHEDULES):
+        plot.timeline(_stacked({name: timelines[name]}), ax=ax, unit=unit, color_by="name",
+                      names=False, order=KINDS, predicted=predicted, legend=ax is axes[0])
+        ax.set_title("")                        # the kind of timeline: in ``how``
+        ax.set_title(f"{_short(name)} ({how}, bubble {bubbles[name]:.0%}): {WHAT_TO_SEE[name]}",
+                     loc="left", fontsize=plot.style.FONT)
+        if ax is not axes[-1]:
+            ax.set_xlabel("")
     if xlabel:
         axes[-1].set_xlabel(xlabel)
     fig.tight_layout()
@@ -128,10 +140,11 @@ def _stacked(timelines: dict, devices: int = DEVICES):
             lane = n * devices + s.rank
             # a number after the kind keeps neighbouring passes apart in the figure
             spans.append(Span(lane, s.kind, f"{kind}{len(spans)}", s.start - t0, s.end - t0))
-            labels[lane] = f"{_short(name)} · device {s.rank}"
+            labels[lane] = f"device {s.rank}"
     first = next(iter(timelines.values()))
-    if getattr(first, "replayed", False):       # drawn as a replay, its lanes saying so
-        return replays.lanes_named(sim_replayed(spans, first), labels)
+    if getattr(first, "replayed", False):       # drawn as a replay (its title says so)
+        from ..sim import ReplayedTimeline
+        return ReplayedTimeline(spans, labels, notes=first.notes)
     return Timeline(spans, labels)
 
 
@@ -315,10 +328,15 @@ def quietest_steps(tl, made: dict) -> dict:
 
 def plot_replayed(run_: LaunchResult, replay=None, cfg: SplitConfig | None = None):
     """The least disturbed step of each schedule, replayed on 4 dedicated devices."""
+    from ..torch.pipeline_chunks import bubble_by_step
     tl = replay if replay is not None else replays.replayed(run_)
-    steps = {name: sim_replayed([s for spans in step.values() for s in spans], tl)
-             for name, (_, step) in quietest_steps(tl, plans(cfg or CONFIG)).items()}
-    return _panels(steps, REPLAY_TITLES)
+    made = plans(cfg or CONFIG)
+    steps, bubbles = {}, {}
+    for name, (k, step) in quietest_steps(tl, made).items():
+        steps[name] = sim_replayed([s for spans in step.values() for s in spans], tl)
+        bubbles[name] = bubble_by_step(tl.window(*windows(tl)[name]), made[name][1],
+                                       list(range(DEVICES)))[k]
+    return _panels(steps, bubbles, "replayed")
 
 
 # ------------------------------------------------------------------ lessons
@@ -328,7 +346,8 @@ def _experiment() -> dict:
 
 @lessons.lesson("12.schedules_equal_one_device",
                 f"interleaved 1F1B, ZB-H1 and DualPipeV, by hand and with "
-                f"torch.distributed.pipelining, train exactly as one device (within {TOL:g})",
+                f"torch.distributed.pipelining, train as one device does: losses, gradients "
+                f"and weights within {TOL:g}",
                 _experiment)
 def schedules_equal_one_device(m: dict):
     rows = m["equivalence"]
@@ -415,7 +434,7 @@ def _short(name: str) -> str:
 # 6.2B model (30 layers, width 4096, 32 heads, sequence 1024) on 8 A100 SXM 80 GB as 8
 # stages, micro-batches of 3, m = 24; measured samples per GPU per second and memory (GB).
 ZB_PAPER = {"1f1b": (3.50, 39), "zb-h1": (3.88, 42)}     # ZB-1p: ZB-H1's bubble (Table 5)
-UNPUBLISHED = {"interleaved": "ran a chunk per layer", "dualpipev": "not in the paper"}
+UNPUBLISHED = {"interleaved": "ran a piece per layer", "dualpipev": "not in the paper"}
 
 
 def at_scale(micro_batches: int = 24) -> list[dict]:

@@ -70,8 +70,8 @@ def run_order(fn, *, devices=None, micro_batches: int = 8, timeout: float = 120.
 
 # ------------------------------------------------------------------ 12.2: B and W apart
 def split_backward(x, dy, weight):
-    """The reference: a linear layer y = x Wᵀ + b's backward in two: B gives the input's
-    gradient dx = dy W; W gives the weights' gradients dW = dyᵀ x and db = Σ dy."""
+    """The reference: a linear layer y = x Aᵀ + b's backward in two: B gives the input's
+    gradient dx = dy A; W gives the weights' gradients dA = dyᵀ x and db = Σ dy."""
     return dy @ weight, dy.T @ x, dy.sum(0)
 
 
@@ -85,12 +85,12 @@ def _split_problem(fn) -> str | None:
         layer(x).backward(dy)
         got = fn(x.detach(), dy, layer.weight.detach())
         if not (isinstance(got, tuple) and len(got) == 3):
-            return "return three tensors: dx, dW and db."
+            return "return three tensors: dx, dA and db."
         dx, dw, db = (torch.as_tensor(t) for t in got)
         size = f"for {rows} rows of {n_in} inputs and {n_out} outputs"
         for name, mine, want, how in (
-                ("dx", dx, x.grad, "dy @ W: each input's gradient sums the outputs' through W"),
-                ("dW", dw, layer.weight.grad, "dyᵀ @ x: one outer product per row, summed"),
+                ("dx", dx, x.grad, "dy @ A: each input's gradient sums the outputs' through A"),
+                ("dA", dw, layer.weight.grad, "dyᵀ @ x: one outer product per row, summed"),
                 ("db", db, layer.bias.grad, "dy summed over the rows")):
             if tuple(mine.shape) != tuple(want.shape):
                 return f"{size}: {name} has shape {tuple(mine.shape)}, want {tuple(want.shape)} ({how})."
@@ -102,5 +102,5 @@ def _split_problem(fn) -> str | None:
 def check_split_backward(fn):
     """Check the learner's B and W of a linear layer against autograd on three layers."""
     return check_with("split backward", fn, _split_problem, split_backward,
-                      "on three layers your dx, dW and db equal autograd's: B needs only W's "
-                      "values, W needs only x and dy, so W can wait.")
+                      "on three layers your dx, dA and db equal autograd's: B needs only the "
+                      "weights and dy, W only x and dy, so W can wait.")
