@@ -23,22 +23,11 @@ the previous stage waits for, and W(i) the gradient of the weights, which nobody
 """
 from __future__ import annotations
 
+from . import pipeline_orders
+from .pipeline_orders import PLACEMENTS, Schedule, check_sizes  # noqa: F401 (pipeline.Schedule)
 from .trace import COMPUTE, Span, Timeline
 
 Op = tuple  # ("F" | "B" | "W", micro-batch) or (..., micro-batch, chunk)
-PLACEMENTS = ("loop", "v")
-
-
-class Schedule(list):
-    """Per-device operation lists, with the device's chunk count and their placement."""
-
-    def __init__(self, ops, chunks: int = 1, placement: str = "loop"):
-        super().__init__(ops)
-        if placement not in PLACEMENTS:
-            raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
-        if chunks < 1 or (placement == "v" and chunks != 2):
-            raise ValueError(f"chunks must be at least 1 (exactly 2 in a V), got {chunks}")
-        self.chunks, self.placement = chunks, placement
 
 
 def layout(schedule) -> tuple[int, str]:
@@ -90,13 +79,13 @@ def pass_kind(name: str) -> str | None:
 
 
 def gpipe(stages: int, micro_batches: int) -> list[list[Op]]:
-    _check_sizes(stages, micro_batches)
+    check_sizes(stages, micro_batches)
     one = [("F", i) for i in range(micro_batches)] + [("B", i) for i in range(micro_batches)]
     return [list(one) for _ in range(stages)]
 
 
 def one_f_one_b(stages: int, micro_batches: int) -> list[list[Op]]:
-    _check_sizes(stages, micro_batches)
+    check_sizes(stages, micro_batches)
     out = []
     for s in range(stages):
         warmup = min(stages - s - 1, micro_batches)
@@ -121,7 +110,6 @@ def make(name: str, stages: int, micro_batches: int, chunks: int = 2) -> list[li
     (``chunks`` per device), "zb-h1", "dualpipev"."""
     if name in SCHEDULES:
         return SCHEDULES[name](stages, micro_batches)
-    from . import pipeline_orders
     if name == "interleaved":
         return pipeline_orders.interleaved_1f1b(stages, micro_batches, chunks)
     if name == "zb-h1":
@@ -129,11 +117,6 @@ def make(name: str, stages: int, micro_batches: int, chunks: int = 2) -> list[li
     if name == "dualpipev":
         return pipeline_orders.dualpipev(stages, micro_batches)
     raise ValueError(f"schedule must be one of {sorted(SCHEDULES) + list(CHUNKED)}, got {name!r}")
-
-
-def _check_sizes(stages: int, micro_batches: int) -> None:
-    if stages < 1 or micro_batches < 1:
-        raise ValueError(f"need at least 1 stage and 1 micro-batch, got {stages} and {micro_batches}")
 
 
 def _where(s: int, c: int, chunks: int) -> str:

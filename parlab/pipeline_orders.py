@@ -20,7 +20,26 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 
-from .pipeline import Schedule, _check_sizes
+PLACEMENTS = ("loop", "v")
+
+
+class Schedule(list):
+    """Per-device operation lists (``parlab.pipeline``'s language), with the device's
+    chunk count and their placement: "loop" (chunk c of device d is virtual stage
+    c·p + d) or "v" (device d holds stages d and 2p-1-d)."""
+
+    def __init__(self, ops, chunks: int = 1, placement: str = "loop"):
+        super().__init__(ops)
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
+        if chunks < 1 or (placement == "v" and chunks != 2):
+            raise ValueError(f"chunks must be at least 1 (exactly 2 in a V), got {chunks}")
+        self.chunks, self.placement = chunks, placement
+
+
+def check_sizes(stages: int, micro_batches: int) -> None:
+    if stages < 1 or micro_batches < 1:
+        raise ValueError(f"need at least 1 stage and 1 micro-batch, got {stages} and {micro_batches}")
 
 
 def interleaved_1f1b(p: int, m: int, v: int = 2) -> Schedule:
@@ -30,7 +49,7 @@ def interleaved_1f1b(p: int, m: int, v: int = 2) -> Schedule:
     one backward in turn (Megatron-LM's ``forward_backward_pipelining_with_interleaving``);
     forwards visit the chunks in order, backwards in reverse, a group of p at a time.
     """
-    _check_sizes(p, m)
+    check_sizes(p, m)
     if v < 2:
         raise ValueError(f"an interleaved schedule needs chunks >= 2, got {v}")
     if m % p:
@@ -63,7 +82,7 @@ def zb_h1(p: int, m: int) -> Schedule:
     Stage d warms up with p - d - 1 forwards, then runs F, B (and from its d-th pair on,
     the oldest W still due) until its forwards are done, then B and W to the end.
     """
-    _check_sizes(p, m)
+    check_sizes(p, m)
     out = []
     for d in range(p):
         warm = min(p - d - 1, m)
@@ -95,7 +114,7 @@ def dualpipev(p: int, m: int) -> Schedule:
     chunk 0; d+1 pairs of backwards, the later half split; the rest of chunk 0's
     backwards, each after a W due; the last W's.
     """
-    _check_sizes(p, m)
+    check_sizes(p, m)
     if m < 2 * p:
         raise ValueError(f"DualPipeV needs at least as many micro-batches as stages (2 x {p} "
                          f"devices = {2 * p}), got {m}")

@@ -14,7 +14,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "parlab"
 
-CORE = {"trace", "metrics", "pipeline", "split", "mesh", "data", "errors", "plot", "sim",
+CORE = {"trace", "metrics", "pipeline", "pipeline_orders", "split", "mesh", "data", "errors", "plot", "sim",
         "processes", "zero", "steps", "spans", "recorders", "timeline", "progress"}
 MAX_LINES = 500
 ABOVE_STRATEGIES = {"parlab.launcher", "parlab._worker", "parlab.exercises",

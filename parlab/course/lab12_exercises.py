@@ -49,14 +49,14 @@ def check_zb_h1(fn):
                       "holds no more than 1F1B at its peak, and leaves ZB-H1's bubble.")
 
 
-def run_order(fn, *, devices=None, micro_batches: int = 8, timeout: float = 120.0):
-    """The learner's order (or the reference) trained for real on 4 ranks beside one
-    device: the largest difference in loss, gradients and weights."""
+def run_order(fn, cfg, *, devices=None, micro_batches: int = 8, timeout: float = 120.0):
+    """The learner's order (or the reference) trained for real on 4 ranks with ``cfg``
+    (a ``SplitConfig``) beside one device: the largest difference in loss, gradients and
+    weights."""
     from ..launcher import launch
     from ..metrics import largest_difference
     from ..torch import pipeline_chunks, split
-    from . import lab12
-    cfg, ops = pipeline_chunks.prepare(lab12.CONFIG, 4, micro_batches, fn(4, micro_batches))
+    cfg, ops = pipeline_chunks.prepare(cfg, 4, micro_batches, fn(4, micro_batches))
     out = launch(pipeline_chunks.train_chunked, 4, devices=devices,
                  args=(cfg, micro_batches, ops), timeout=timeout).results
     ref = split.train_reference(cfg)
