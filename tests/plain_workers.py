@@ -16,3 +16,9 @@ def one_rank_slow(rank, world_size, slow=1, seconds=60.0):
     if rank == slow:
         time.sleep(seconds)
     return rank
+
+
+def draw_each_step(step):
+    """An ``after_step`` hook that uses the random state as dropout would: one draw a step."""
+    import torch
+    torch.rand(1)

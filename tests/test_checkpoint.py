@@ -165,3 +165,16 @@ def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="strategy must be one of"):
         ck.expected_bytes(100, 2, "zero1")
     assert ck.latest(Path("/nonexistent/folder")) is None
+
+
+def test_the_random_state_comes_back_with_the_checkpoint(tmp_path):
+    """Training that draws random numbers (one a step, as dropout would) resumes with the
+    generator where the save left it: the next draw equals the uninterrupted run's."""
+    from plain_workers import draw_each_step
+    whole = run(2, tmp_path / "whole", after_step=draw_each_step)
+    run(2, tmp_path / "stopped", steps=3, after_step=draw_each_step)
+    resumed = run(2, tmp_path / "stopped", resume=True, after_step=draw_each_step)
+    assert [r["random_draw"] for r in resumed] == [r["random_draw"] for r in whole]
+    alone = run(2, copy_of(tmp_path / "stopped", tmp_path / "alone"), resume=True,
+                restore="weights", after_step=draw_each_step)
+    assert alone[0]["random_draw"] != whole[0]["random_draw"]

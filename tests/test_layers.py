@@ -19,7 +19,7 @@ CORE = {"trace", "metrics", "pipeline", "pipeline_orders", "split", "mesh", "dat
 MAX_LINES = 500
 ABOVE_STRATEGIES = {"parlab.launcher", "parlab._worker", "parlab.exercises",
                     "parlab.experiments", "parlab.widgets", "parlab.bench", "parlab.__main__",
-                    "parlab.course", "parlab.starting"}
+                    "parlab.course", "parlab.starting", "parlab.restarts"}
 FRAMEWORKS = ("torch", "tensorflow", "keras", "parlab.torch", "parlab.tf")
 
 

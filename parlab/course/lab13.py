@@ -1,459 +1,338 @@
-"""Lab 13 (labs/13_capstone_unet.ipynb): one model from start to end. A U-Net that
-learns the course's shapes; the same U-Net on 4 devices (data parallel, a pipeline cut
-between encoder and decoder, both at once on a mesh), each equal to one device; the
-cost model's choice among them, measured against its prediction; TensorFlow's
-``MirroredStrategy`` and ``MultiWorkerMirroredStrategy``; the trained model served from
-another process. Its exercises and its lessons."""
+"""Lab 13 (labs/13_checkpoints.ipynb): nothing lost when a rank dies. Sharded checkpoints
+written by every rank and committed atomically, resumed on 4, 2 and 1 ranks equal to an
+uninterrupted run, a crash in the middle of a save, a damaged or mismatched checkpoint,
+and a restart after a rank dies; what its notebook runs, its lessons and its exercises."""
 from __future__ import annotations
 
-import os
-
-import numpy as np
+import shutil
+import tempfile
+from pathlib import Path
 
 from ..launcher import LaunchResult, launch
-from ..split import UNetConfig, crossing
-from . import lessons, replays
-from .exercise import Exercise, check, register, whose  # noqa: F401 (labNN.check, labNN.whose)
-from .lab13_choose import check_plan, plan_cost  # noqa: F401 (the notebook's lab13.*)
-from .lab13_serve import (run_tf_mirrored_fit, run_tf_multi_worker,  # noqa: F401
-                          serve_in_fresh_process, show_segmentations, weight_difference)
+from ..metrics import largest_difference
+from . import lessons
+from .exercise import whose  # noqa: F401 (lab13.whose)
+from .lab13_exercises import check_newest_complete, check_reads  # noqa: F401 (lab13.check_...)
 
-CFG = UNetConfig()        # global batch 16, Adam 3e-3, 4 micro-batches, cut encoder | decoder
-EPOCHS = 30               # of the 192 training images, for the U-Net that learns
-TEST_IMAGES = 64          # parlab.data.shapes(64, seed=1): images no step trained on
-MIN_IOU = 0.5             # lesson 13.unet_learns_the_shapes: each shape's IoU at least this
-PLAN_NAMES = {"dp": "dp 4", "pp": "pp 2 (encoder | decoder)", "dp_pp": "dp 2 × pp 2"}
+TOL = 1e-5
+DEVICES, STEPS, EVERY = 4, 6, 3
+BYTES_OFF = 0.10            # lesson 13.bytes_per_rank_match_formula: within 10 % (DCP's headers)
+_FOLDERS = tempfile.TemporaryDirectory(prefix="parlab-lab13-")   # removed when Python exits
 
 
-def held_out_data(cfg: UNetConfig = CFG):
-    """Images and masks no training step sees (``parlab.data.shapes``, seed 1)."""
-    from .. import data
-    return data.shapes(TEST_IMAGES, cfg.size, seed=1)
+def config():
+    """The lab's model: an MLP of widths (64, 512, 512, 10), 301,066 parameters, Adam,
+    a global batch of 64 digits (``checkpoint.Config``)."""
+    from ..torch.checkpoint import Config
+    return Config(sizes=(64, 512, 512, 10), batch_size=64, lr=1e-3)
 
 
-# ------------------------------------------------------------------ a U-Net that learns
-def iou_per_class(pred, masks, classes=(1, 2)) -> dict:
-    """Each foreground class's intersection over union: pixels both the prediction and
-    the mask give the class, over pixels either gives it (0 where neither does)."""
+def folder(name: str) -> Path:
+    """A fresh folder for one run's checkpoints (under a temporary folder of this session)."""
+    path = Path(_FOLDERS.name) / name
+    shutil.rmtree(path, ignore_errors=True)
+    return path
+
+
+def train(where: Path, world_size: int, *, steps: int = STEPS, every: int = EVERY,
+          resume: bool = False, devices=None, cfg=None, **kw) -> LaunchResult:
+    """``checkpoint.train`` on ``world_size`` ranks (FSDP2 unless told otherwise)."""
+    from ..torch import checkpoint
+    if devices is not None and devices.n != world_size:     # the same kind, fewer of them
+        devices = devices.like(world_size)
+    return launch(checkpoint.train, world_size, devices=devices, args=(cfg or config(),),
+                  kwargs=dict(steps=steps, every=every, folder=str(where), resume=resume, **kw),
+                  timeout=240)
+
+
+def copy_of(src: Path, name: str) -> Path:
+    """A copy of a checkpoint folder, so that several runs resume from the same one."""
+    dst = folder(name)
+    shutil.copytree(src, dst)
+    return dst
+
+
+# ------------------------------------------------------------------ what a save writes
+def bytes_rows(run: LaunchResult, world_size: int = DEVICES) -> list[dict]:
+    """Per rank: the bytes it wrote for its first checkpoint against 12 bytes a parameter
+    over the ranks (float32 weights and Adam's two moments, sharded), and the seconds a
+    save and a step took."""
+    from statistics import median
+
+    from ..torch.checkpoint import expected_bytes
+    out = []
+    for rank, r in enumerate(run.results):
+        step, wrote = r["saved"][0]
+        out.append({"rank": rank, "step": step, "bytes": wrote,
+                    "formula": expected_bytes(r["params"], world_size),
+                    "save_s": median(r["save_s"]), "step_s": median(r["step_s"])})
+    return out
+
+
+# ------------------------------------------------------------------ resuming
+def weights_of(run: LaunchResult) -> dict:
+    return run.results[0]["state"]
+
+
+def loss_curve(run: LaunchResult) -> dict:
+    """{step: loss of the whole batch}: the mean over the ranks of their rows' losses."""
+    steps = {}
+    for r in run.results:
+        for step, loss in r["losses"]:
+            steps.setdefault(step, []).append(loss)
+    return {s: sum(v) / len(v) for s, v in sorted(steps.items())}
+
+
+def resume_numbers(whole: LaunchResult, resumed: dict) -> dict:
+    """resumed: {label: LaunchResult}. The largest difference of each from the
+    uninterrupted run's final weights and losses, and the step each resumed from."""
+    ref_w, ref_l = weights_of(whole), loss_curve(whole)
+    rows = {}
+    for label, run in resumed.items():
+        curve = loss_curve(run)
+        rows[label] = {"start": run.results[0]["start"], "ranks": len(run.results),
+                       "weights": largest_difference((weights_of(run)[k], v)
+                                                     for k, v in ref_w.items()),
+                       "losses": largest_difference((curve[s], ref_l[s]) for s in curve)}
+    return {"rows": rows}
+
+
+def plot_losses(runs: dict):
+    """Loss per step: the uninterrupted run (a band), each run resumed whole (markers of
+    three sizes, one inside the other, so that all three show where they coincide) and
+    the run resumed from its weights alone (dashed)."""
+    from .. import plot
+    plt = plot.pyplot()
+    fig, ax = plt.subplots(figsize=(11, 4.6))
+    whole = loss_curve(runs["whole"])
+    ax.plot(list(whole), list(whole.values()), "-", lw=10, alpha=0.3, color="tab:blue",
+            solid_capstyle="round", label="4 ranks, uninterrupted")
+    for (label, run), (marker, size) in zip(runs["resumed"].items(),
+                                            (("o", 16), ("s", 10), ("^", 6))):
+        curve = loss_curve(run)
+        off = largest_difference((curve[s], whole[s]) for s in curve)
+        said = "bit for bit" if off == 0 else f"within {off:.0e}"
+        ax.plot(list(curve), list(curve.values()), marker, ms=size, mfc="none", mew=2,
+                label=f"{label} ({said})")
+    alone = loss_curve(runs["weights_only"])
+    ax.plot(list(alone), list(alone.values()), "--", color="black", lw=2,
+            label="4 ranks, resumed from the weights alone")
+    ax.set_xlabel("step", fontsize=plot.style.FONT)
+    ax.set_ylabel("loss of the global batch", fontsize=plot.style.FONT)
+    ax.set_title("resumed whole, the loss goes on unchanged; from the weights alone, it "
+                 "does not", fontsize=plot.style.FONT + 1)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False,
+              fontsize=plot.style.FONT - 2)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return plot.finish(fig)
+
+
+def _xy(curve: dict):
+    return list(curve), list(curve.values())
+
+
+# ------------------------------------------------------------------ a crash while saving
+def crash_while_saving(where: Path, devices=None) -> dict:
+    """Save at step 3, then rank 1 dies in the middle of saving step 6: what is left, and
+    what a resume does with it."""
+    from ..errors import WorkerError
+    from ..torch.checkpoint import latest
+    error = None
+    try:
+        train(where, DEVICES, devices=devices, fail_at=(1, STEPS))
+    except WorkerError as exc:
+        error = str(exc).splitlines()[0]
+    left = sorted(p.name for p in where.iterdir())
+    partial = [p for p in where.iterdir() if p.name.startswith(".")]
+    files = sorted(f.name for f in partial[0].iterdir()) if partial else []
+    newest = latest(where)
+    resumed = train(where, 2, devices=devices, resume=True)
+    return {"error": error, "left": left, "latest": newest.name if newest else None,
+            "partial_files": files, "resumed": resumed}
+
+
+def refusal(where: Path, sizes=(64, 256, 512, 10)) -> str:
+    """What ``checkpoint.check`` says of the newest checkpoint in ``where`` against a
+    model of other widths."""
+    from ..torch import checkpoint, models
+    try:
+        checkpoint.check(checkpoint.latest(where), models.mlp(sizes))
+    except ValueError as exc:
+        return str(exc)
+    return "accepted"
+
+
+def damaged_refusal(where: Path) -> str:
+    """What ``checkpoint.check`` says of a copy of the newest checkpoint in ``where`` whose
+    first shard file lost its second half (a disk that filled up, a copy cut short)."""
+    from ..torch import checkpoint, models
+    newest = checkpoint.latest(where)
+    copy = copy_of(newest, f"{newest.name}-copy")
+    shard = sorted(copy.glob("*.distcp"))[0]
+    data = shard.read_bytes()
+    shard.write_bytes(data[:len(data) // 2])
+    try:
+        checkpoint.check(copy, models.mlp(config().sizes))
+    except ValueError as exc:
+        return str(exc)
+    return "accepted"
+
+
+def manifest_of(where: Path) -> dict:
+    """The newest checkpoint's manifest in ``where``, and the files beside it."""
+    from ..torch import checkpoint
+    path = checkpoint.latest(where)
+    return {"files": sorted(f.name for f in path.iterdir()),
+            "manifest": checkpoint.read_manifest(path)}
+
+
+# ------------------------------------------------------------------ the whole experiment
+def resume_runs(devices=None) -> dict:
+    """The uninterrupted run on 4 ranks, the run stopped after its step-3 checkpoint, and
+    that checkpoint resumed on 4, 2 and 1 ranks: {"whole", "stopped", "resumed": {label:
+    run}, "folder": the stopped run's checkpoints}."""
+    whole_at = folder("uninterrupted")
+    whole = train(whole_at, DEVICES, devices=devices)
+    stopped_at = folder("stopped")
+    stopped = train(stopped_at, DEVICES, steps=EVERY, devices=devices)
+    resumed = {f"resumed on {n} rank{'s' * (n > 1)}":
+               train(copy_of(stopped_at, f"resumed-{n}"), n, resume=True, devices=devices)
+               for n in (4, 2, 1)}
+    weights_only = train(copy_of(stopped_at, "weights-only"), DEVICES, resume=True,
+                         restore="weights", devices=devices)
+    return {"whole": whole, "stopped": stopped, "resumed": resumed, "folder": stopped_at,
+            "whole_folder": whole_at, "weights_only": weights_only}
+
+
+def numbers(runs: dict, crash: dict | None = None) -> dict:
+    """What the lessons read from ``resume_runs`` and ``crash_while_saving``."""
+    out = resume_numbers(runs["whole"], runs["resumed"])
+    out["weights_only"] = resume_numbers(runs["whole"],
+                                         {"weights alone": runs["weights_only"]})["rows"]["weights alone"]
+    out["bytes"] = bytes_rows(runs["whole"])
+    if crash is None:
+        return out
+    ref = weights_of(runs["whole"])
+    out["crash"] = {k: crash[k] for k in ("error", "left", "latest", "partial_files")}
+    out["crash"]["weights"] = largest_difference((weights_of(crash["resumed"])[k], v)
+                                                 for k, v in ref.items())
+    out["crash"]["start"] = crash["resumed"].results[0]["start"]
+    return out
+
+
+def _experiment() -> dict:
+    return numbers(resume_runs(), crash_while_saving(folder("crash")))
+
+
+# ------------------------------------------------------------------ a restart
+KILL_RANK, KILL_STEP, RESTART_EVERY = 1, 5, 2
+
+
+def restart_run(devices=None) -> dict:
+    """4 ranks train 6 steps, saving every 2; rank 1 is killed (SIGKILL) after step 5, the
+    first time only. ``launch_with_restarts`` launches again with resume=True: the new
+    launch starts from step 4's checkpoint. Returns what the lesson reads, with the
+    uninterrupted run's weights beside the restarted run's."""
+    from ..restarts import launch_with_restarts
+    from ..torch import elastic
+    where = folder("restart")
+    out, attempts = launch_with_restarts(
+        elastic.train_killed_once, DEVICES, restarts=1, devices=devices, args=(config(),),
+        kwargs=dict(kill_rank=KILL_RANK, kill_step=KILL_STEP, folder=str(where),
+                    steps=STEPS, every=RESTART_EVERY), timeout=240)
+    whole = train(folder("restart-reference"), DEVICES, every=RESTART_EVERY, devices=devices)
+    start = out.results[0]["start"]
+    return {"attempts": attempts, "start": start, "killed_after": KILL_STEP,
+            "lost": KILL_STEP - start, "steps": STEPS,
+            "weights": largest_difference((weights_of(out)[k], v)
+                                          for k, v in weights_of(whole).items())}
+
+
+@lessons.lesson("13.bytes_per_rank_match_formula",
+                f"each of 4 ranks writes its shard: 12 bytes a parameter over the ranks "
+                f"(float32 weights and Adam's two moments), within {BYTES_OFF:.0%}",
+                _experiment)
+def bytes_per_rank_match_formula(m: dict):
+    rows = m["bytes"]
+    off = max(abs(r["bytes"] / r["formula"] - 1) for r in rows)
+    figures = ", ".join(f"rank {r['rank']} {r['bytes']:,}" for r in rows) + \
+        f" bytes against {rows[0]['formula']:,.0f} ({off:.1%} off at most)"
+    return off <= BYTES_OFF, figures, "a rank wrote more or less than its shard"
+
+
+@lessons.lesson("13.resumed_equals_uninterrupted",
+                f"a checkpoint saved on 4 ranks and resumed on 4, 2 or 1 trains on as the "
+                f"uninterrupted run (weights and losses within {TOL:g}); resumed from its "
+                f"weights alone, it does not",
+                _experiment)
+def resumed_equals_uninterrupted(m: dict):
+    rows = m["rows"]
+    worst = max(max(r["weights"], r["losses"]) for r in rows.values())
+    alone = m["weights_only"]
+    figures = "; ".join(f"{label} from step {r['start']}: weights {r['weights']:.1e}, losses "
+                        f"{r['losses']:.1e}" for label, r in rows.items()) + \
+        f"; from the weights alone: weights {alone['weights']:.1e}, losses {alone['losses']:.1e}"
+    return (worst <= TOL < alone["weights"], figures,
+            "a resumed run went its own way, or the weights alone were enough")
+
+
+@lessons.lesson("13.crash_while_saving_loses_nothing",
+                "a rank that dies in the middle of a save leaves the previous checkpoint "
+                "whole: the run resumes from it and ends as the uninterrupted run",
+                _experiment)
+def crash_while_saving_loses_nothing(m: dict):
+    c = m["crash"]
+    figures = (f"{c['error']}; left: {', '.join(c['left'])}; resumed from {c['latest']} "
+               f"(step {c['start']}), weights {c['weights']:.1e} from the uninterrupted run")
+    shown = (c["error"] is not None and c["latest"] == "step-000003" and c["start"] == EVERY
+             and c["weights"] <= TOL)
+    return shown, figures, "the crash cost the previous checkpoint or the run's equality"
+
+
+@lessons.lesson("13.restart_loses_only_the_steps_since_the_checkpoint",
+                "after a rank dies, the job restarts from its last checkpoint, loses only "
+                f"the steps since, and ends with the uninterrupted run's weights (within "
+                f"{TOL:g})",
+                lambda: restart_run())     # an experiment of its own: one launch that fails
+def restart_loses_only_the_steps_since_the_checkpoint(m: dict):
+    figures = (f"{len(m['attempts'])} launch failed ({'; '.join(m['attempts'])}); the next "
+               f"resumed from step {m['start']}: {m['lost']} step lost of {m['steps']}; "
+               f"weights {m['weights']:.1e} from the uninterrupted run")
+    shown = (len(m["attempts"]) == 1 and m["start"] == m["killed_after"] // RESTART_EVERY
+             * RESTART_EVERY and m["weights"] <= TOL)
+    return shown, figures, "the restart lost more, or changed the training"
+
+
+# ------------------------------------------------------------------ saving in the background
+def save_times(devices=None) -> dict:
+    """The same 6 steps on 4 ranks, saving every 2 steps, synchronously and in the
+    background (``dcp.async_save``): per save, the median milliseconds training stopped
+    and the whole save took, and a step's. Measured on this machine's wall clock."""
+    from statistics import median
     out = {}
-    for c in classes:
-        union = ((pred == c) | (masks == c)).sum()
-        out[c] = float(((pred == c) & (masks == c)).sum() / union) if union else 0.0
+    for how, background in (("synchronous", False), ("asynchronous", True)):
+        run = train(folder(f"saves-{how}"), DEVICES, every=2, async_save=background,
+                    devices=devices)
+        r = run.results[0]
+        out[how] = {"blocked_ms": median(r["blocked_s"]) * 1e3,
+                    "save_ms": median(r["save_s"]) * 1e3, "step_ms": median(r["step_s"]) * 1e3}
     return out
 
 
-CLASS_NAMES = {1: "disc", 2: "square"}
-
-
-def train_unet(epochs: int = EPOCHS, *, cfg: UNetConfig = CFG, progress: bool = True) -> dict:
-    """Train the U-Net on one device (the notebook's: one core, or a GPU) with the
-    weighted loss (``unet.loss_fn``); its IoU per shape on the test images before and
-    after, and what painting every pixel background would score.
-
-    Returns {"model" (on the CPU), "history", "iou", "iou_before", "iou_background",
-    "pixel_accuracy", "background_share", "epochs", "device"}.
-    """
-    from ..torch import serve, single, unet
-    from .lab01 import one_device
-    x, y = unet.training_data(cfg)
-    xt, yt = held_out_data(cfg)
-    with one_device() as device:
-        model = unet.build(cfg).to(device)
-        before = serve.segment(model.eval(), xt, device)
-        history = single.train(model, x, y, epochs=epochs, batch_size=cfg.global_batch,
-                               lr=cfg.lr, device=device, progress=progress, seed=cfg.seed,
-                               loss_fn=unet.loss_fn(cfg))
-        pred = serve.segment(model.eval(), xt, device)
-    return {"model": model.to("cpu"), "history": history, "epochs": epochs, "device": device,
-            "iou": iou_per_class(pred, yt), "iou_before": iou_per_class(before, yt),
-            "iou_background": iou_per_class(np.zeros_like(yt), yt),
-            "pixel_accuracy": float((pred == yt).mean()),
-            "background_share": float((yt == 0).mean())}
-
-
-def learn_numbers(run: dict) -> dict:
-    """What lesson 13.unet_learns_the_shapes reads from ``train_unet``."""
-    return {"iou": dict(run["iou"]), "iou_background": dict(run["iou_background"]),
-            "iou_before": dict(run["iou_before"]), "epochs": run["epochs"],
-            "loss": (run["history"]["loss"][0], run["history"]["loss"][-1]),
-            "pixel_accuracy": run["pixel_accuracy"], "background_share": run["background_share"]}
-
-
-def _learn_experiment() -> dict:
-    return learn_numbers(train_unet(progress=False))
-
-
-@lessons.lesson("13.unet_learns_the_shapes",
-                f"the U-Net learns the shapes: after {EPOCHS} epochs with the weighted loss, "
-                f"the IoU of the discs and that of the squares on test images are each at "
-                f"least {MIN_IOU} (painting every pixel background, the easy answer for 86 % "
-                f"of the pixels, scores 0 for both)",
-                _learn_experiment)
-def unet_learns_the_shapes(m: dict):
-    figures = ", ".join(f"{CLASS_NAMES[int(c)]} IoU {v:.2f} (background everywhere: "
-                        f"{m['iou_background'][c]:.2f}; untrained {m['iou_before'][c]:.2f})"
-                        for c, v in m["iou"].items())
-    short = [CLASS_NAMES[int(c)] for c, v in m["iou"].items() if v < MIN_IOU]
-    why = (f"{' and '.join(short)} below {MIN_IOU} after {m['epochs']} epochs; the training "
-           f"loss went from {m['loss'][0]:.3f} to {m['loss'][1]:.3f}")
-    return not short, figures, why
-
-
-# ------------------------------------------------------------------ strategies, equal to one device
-def run_plans(plans=(("dp", 1), ("pp", 1), ("dp_pp", 2)), *, cfg: UNetConfig = CFG,
-              devices=None, pin_cores: bool = True, timeout: float = 240.0) -> dict:
-    """Each (plan, dp) of ``plans`` in turn on the same 4 ranks, in one launch
-    (``unet.measure_plans``): data parallel on 4, the 2-stage pipeline on the first 2,
-    dp 2 × pp 2 on a mesh. Returns {plan: {"results", "timeline" (its steps only, lanes
-    named by mesh coordinates), "replayed" (the same, replayed on dedicated devices),
-    "ranks" (those that trained)}} and "launch"."""
-    from ..torch import unet
-    from ..trace import Timeline
-    res = launch(unet.measure_plans, 4, args=(cfg, tuple(plans)), devices=devices,
-                 pin_cores=pin_cores, timeout=timeout)
-    out = {"launch": res}
-    rp = replays.replayed(res)
-    on_replay = replays.between_barriers(rp, "between plans", len(res.results[0]))
-    for k, entry in enumerate(res.results[0]):
-        plan = entry["plan"]
-        results = [r[k]["result"] for r in res.results]
-        window = res.timeline.window(*entry["window"])
-        labels = results[0].get("labels") or {r: f"rank {r}" for r in range(4)}
-        ranks = [0, 1] if plan == "pp" else [0, 1, 2, 3]
-        if plan == "pp":
-            labels = {0: "rank 0 · stage 0 (encoder)", 1: "rank 1 · stage 1 (decoder)"}
-        elif plan == "dp":
-            labels = {r: f"rank {r} · replica {r}" for r in range(4)}
-        out[plan] = {"results": results, "ranks": ranks, "dp": entry["dp"],
-                     "timeline": Timeline(window.filter(ranks=ranks).spans, labels, ranks),
-                     "replayed": replays.lanes_named(
-                         rp.window(*on_replay[k]).filter(ranks=ranks),
-                         {r: labels[r] for r in ranks}, ranks)}
-    return out
-
-
-def plan_outcome(plan: str, results: list) -> dict:
-    """A plan's loss curve (the whole batch's loss per step) and its model state, put
-    together from its ranks: replicas' losses averaged, a pipeline's last stage's,
-    stages' states merged. Also whether every replica ended identical."""
-    from ..metrics import identical, merged
-    if plan == "dp":
-        return {"losses": list(np.mean([r["losses"] for r in results], axis=0)),
-                "state": results[0]["state"], "first_grads": results[0]["first_grads"],
-                "replicas_identical": identical(r["state"] for r in results)}
-    pipes = [results[0:2]] if plan == "pp" else [results[0:2], results[2:4]]
-    losses = np.mean([p[-1]["losses"] for p in pipes], axis=0)
-    states = [merged(p) for p in pipes]
-    return {"losses": list(losses), "state": states[0],
-            "first_grads": merged(pipes[0], "first_grads"),
-            "replicas_identical": identical(states)}
-
-
-def equivalence(runs: dict, reference: dict) -> dict:
-    """Per plan: how far its loss curve (relative), its first step's gradients and its
-    parameters after the run lie from one device's."""
-    from ..metrics import max_difference
-    out = {}
-    for plan in (p for p in runs if p in PLAN_NAMES):
-        got = plan_outcome(plan, runs[plan]["results"])
-        ref = np.asarray(reference["losses"])
-        out[plan] = {"loss": float(np.max(np.abs(np.asarray(got["losses"]) - ref) / np.abs(ref))),
-                     "grads": max_difference(got["first_grads"], reference["first_grads"]),
-                     "params": max_difference(got["state"], reference["state"]),
-                     "replicas_identical": got["replicas_identical"],
-                     "steps": len(got["losses"])}
-    return out
-
-
-def one_device_reference(cfg: UNetConfig = CFG) -> dict:
-    """``unet.train_single`` on the notebook's device (one core, or a GPU): what every
-    plan is compared with."""
-    from ..torch import unet
-    from .lab01 import one_device
-    with one_device() as device:
-        return unet.train_single(cfg, device)
-
-
-LOSS_TOL, GRAD_TOL = 1e-5, 1e-6
-
-
-def _strategies_experiment() -> dict:
-    return {"equivalence": equivalence(run_plans(), one_device_reference())}
-
-
-@lessons.lesson("13.strategies_equal_one_device",
-                "data parallel on 4 devices, the pipeline cut between encoder and decoder "
-                "and dp 2 × pp 2 each train the U-Net like one device: every step's loss "
-                "within 1e-5 of one device's (relative), the first step's gradients within "
-                "1e-6, every replica identical",
-                _strategies_experiment)
-def strategies_equal_one_device(m: dict):
-    eq = m["equivalence"]
-    figures = "; ".join(f"{PLAN_NAMES[p]}: loss {e['loss']:.1e}, gradients {e['grads']:.1e}, "
-                        f"parameters after {e['steps']} steps {e['params']:.1e}"
-                        for p, e in eq.items())
-    off = [f"{PLAN_NAMES[p]} " + ", ".join(
-        w for w, bad in (("its loss curve", e["loss"] > LOSS_TOL),
-                         ("its gradients", e["grads"] > GRAD_TOL),
-                         ("its replicas differ", not e["replicas_identical"])) if bad)
-        for p, e in eq.items()
-        if e["loss"] > LOSS_TOL or e["grads"] > GRAD_TOL or not e["replicas_identical"]]
-    return not off, figures, "off one device: " + "; ".join(off)
-
-
-# ------------------------------------------------------------------ what crosses the cut
-def tensor_elements(name: str, size: int = CFG.size, base: int = CFG.base) -> int:
-    """Numbers per image in one of the U-Net's named tensors (models.UNet.BLOCKS): each
-    level down halves the side and doubles the channels."""
-    side = {"x": size, "e1": size, "e2": size // 2, "b": size // 4, "d2": size // 2,
-            "d1": size, "logits": size}[name]
-    channels = {"x": 1, "e1": base, "e2": 2 * base, "b": 4 * base, "d2": 2 * base,
-                "d1": base, "logits": 3}[name]
-    return channels * side * side
-
-
-def traced_cut_bytes(timeline, rank: int, steps: int, micro_batches: int) -> dict:
-    """Bytes per micro-batch that ``rank`` (a stage before the cut) sent forward and
-    received back, per tensor name, from its traced spans: {"forward": {name: bytes},
-    "backward": {name: bytes}}."""
-    out = {"forward": {}, "backward": {}}
-    for s in timeline.spans:
-        if s.rank != rank or s.kind != "comm" or not s.bytes:
-            continue
-        if s.name.startswith("isend ") and not s.name.startswith("isend grad"):
-            key, name = "forward", s.name[len("isend "):]
-        elif s.name.startswith("recv grad "):
-            key, name = "backward", s.name[len("recv grad "):]
-        else:
-            continue
-        out[key][name] = out[key].get(name, 0) + s.bytes / (steps * micro_batches)
-    return out
-
-
-def cut_numbers(runs: dict, cfg: UNetConfig = CFG) -> dict:
-    """What lesson 13.skips_cross_the_cut reads: the encoder stage's traced bytes per
-    micro-batch, per tensor and way, and the cost model's (``sim.Network.unet``: its
-    layers' output sizes, 4 bytes a number) for the tensors that cross the cut."""
-    from ..torch.models import UNet
-    from . import lab13_choose as choose
-    net = choose.network(cfg)
-    traced = traced_cut_bytes(runs["pp"]["timeline"], 0, cfg.steps, cfg.micro_batches)
-    micro = cfg.global_batch // cfg.micro_batches
-    at = choose.layer_of_cut(net, cfg.cuts[0])
-    names = crossing(UNet.BLOCKS, cfg.cuts[0])
-    made_by = {"e1": "enc0.conv1", "e2": "enc1.conv1", "b": "bottleneck.conv1",
-               "d2": "dec1.conv1", "d1": "dec0.conv1"}      # each block's last layer
-    layers = {layer.name: layer for layer in net.layers}
-    formula = {n: 4 * micro * layers[made_by[n]].out_elems for n in names}
-    return {"traced": traced, "micro_batch": micro, "cut": cfg.cuts[0], "formula": formula,
-            "cut_bytes": net.cut_bytes(at, micro),
-            "skips": [n for n in names if n != UNet.BLOCKS[cfg.cuts[0] - 1][0]]}
-
-
-def _cut_experiment() -> dict:
-    return cut_numbers(run_plans((("pp", 1),), pin_cores=False))
-
-
-@lessons.lesson("13.skips_cross_the_cut",
-                "the cut between encoder and decoder is crossed by the bottleneck's "
-                "activation and by both skip connections, each micro-batch forward and its "
-                "gradient back, the traced bytes equal to the formula; the skips carry most "
-                "of them (at least 3/4 here: they are the large, shallow tensors)",
-                _cut_experiment)
-def skips_cross_the_cut(m: dict):
-    traced, formula = m["traced"], m["formula"]
-    total = m["cut_bytes"]
-    skips = sum(formula[n] for n in m["skips"])
-    figures = (f"per micro-batch of {m['micro_batch']} images, forward " + ", ".join(
-        f"{n} {traced['forward'].get(n, 0):,.0f} B (formula {formula[n]:,})" for n in formula)
-        + f"; back the same{'' if traced['backward'] == traced['forward'] else ' NOT'}; the "
-        f"skips {', '.join(m['skips'])}: {skips / total:.0%} of {total:,.0f} B")
-    off = [f"{way} {n}: traced {traced[way].get(n, 0):,.0f}, formula {formula[n]:,}"
-           for way in ("forward", "backward") for n in formula
-           if abs(traced[way].get(n, 0) - formula[n]) > 0.5]
-    extra = sorted(set(traced["forward"]) - set(formula))
-    if extra:
-        off.append(f"tensors sent that the formula does not name: {extra}")
-    if abs(sum(formula.values()) - total) > 0.5:
-        off.append(f"the named tensors add up to {sum(formula.values()):,} B, the cut to {total:,.0f}")
-    return not off and skips >= 0.75 * total, figures, "; ".join(off) or (
-        f"the skips carried only {skips / total:.0%}")
-
-
-# ------------------------------------------------------------------ choose, then measure
-def single_step_timelines(batches=(2, 4, 16), *, cfg: UNetConfig = CFG, steps: int = 8) -> dict:
-    """The U-Net's step on one device (forward, backward, update), per batch size: the
-    micro-batches and replica shares the plans compute on, measured before any plan
-    runs (the cost model's compute is calibrated on them)."""
-    from ..torch import single, unet
-    from .lab01 import one_device
-    x, y = unet.training_data(cfg)
-    with one_device() as device:
-        return {b: single.step_timeline(unet.build(cfg), x, y, batch_size=b, steps=steps,
-                                        device=device, loss_fn=unet.loss_fn(cfg))
-                for b in batches}
-
-
-MARKERS = {"dp": "forward", "pp": "F0", "dp_pp": "F0"}     # where each plan's step starts
-
-
-def axis_bytes(plan: str, run: dict, cfg: UNetConfig) -> dict:
-    """A plan's bytes per rank per step on each axis, traced and from the formula
-    (``lab13_choose.expected_bytes``): {"bytes": {rank: {axis: [traced, formula]}},
-    "unexpected_axes": axes that moved bytes no formula names}."""
-    from . import lab13_choose as choose
-    tl, ranks = run["timeline"], run["ranks"]
-    want = choose.expected_bytes(plan, cfg)
-    got = {r: {a: b / cfg.steps for a, b in tl.bytes_by_axis(r).items() if b} for r in ranks}
-    return {"bytes": {r: {a: [got[r].get(a, 0.0), float(want[r][a])] for a in want[r]}
-                      for r in ranks},
-            "unexpected_axes": sorted({a for r in ranks for a in got[r]} -
-                                      {a for r in ranks for a in want[r]})}
-
-
-def measured_rows(runs: dict, cfg: UNetConfig) -> dict:
-    """Per plan of ``runs``: its median warm step (``steps.step_seconds``), measured and
-    replayed, the ranks' share of the measured one spent waiting for a core, and its bytes
-    per rank per step on each axis, traced and from the formula (``axis_bytes``)."""
-    from ..steps import step_seconds
-    return {plan: {"measured_s": step_seconds(runs[plan]["timeline"], MARKERS[plan], skip=2),
-                   "replayed_s": step_seconds(runs[plan]["replayed"], MARKERS[plan], skip=2),
-                   "replay_source": replays.source(runs[plan]["replayed"]),
-                   "core_wait": lessons.core_wait_share(runs[plan]["timeline"],
-                                                        runs[plan]["ranks"]),
-                   **axis_bytes(plan, runs[plan], cfg)}
-            for plan in runs if plan in PLAN_NAMES}
-
-
-def choice_numbers(rows: dict, choices: dict) -> dict:
-    """What lab 13's last lessons read: per plan its measured and PREDICTED step, core
-    wait, bytes per axis; the model's pick; how many cores the ranks shared."""
-    from . import lab13_choose as choose
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    first = next(iter(rows))
-    return {"plans": {p: {**r, "predicted_s": float(choices[p].step_s),
-                          "devices": choices[p].devices_used} for p, r in rows.items()},
-            "pick": choose.pick(choices), "cores": cores,
-            "replay_source": rows[first].get("replay_source", "")}
-
-
-MEASURE_STEPS = 14        # steps of each plan in the measured launch (the first 2 warm up)
-
-
-def _choice_experiment() -> dict:
-    from dataclasses import replace
-
-    from . import lab13_choose as choose
-    timelines = single_step_timelines()
-    cal = choose.calibrate(timelines, run_plans(), CFG, replayed=True)
-    choices = choose.predict(cal, CFG)
-    cfg = replace(CFG, steps=MEASURE_STEPS)
-    return choice_numbers(measured_rows(run_plans(cfg=cfg), cfg), choices)
-
-
-@lessons.lesson("13.axis_bytes_match_formula",
-                "in each plan, every rank moves per step, on each mesh axis, the bytes its "
-                "formula gives (pp: 2 × the cut's tensors × m micro-batches; dp: 4 bytes per "
-                "parameter the rank holds), to the byte",
-                _choice_experiment)
-def axis_bytes_match_formula(m: dict):
-    pairs = [(p, r, a, got, want) for p, x in m["plans"].items()
-             for r, axes in x["bytes"].items() for a, (got, want) in axes.items()]
-    off = [q for q in pairs if abs(q[3] - q[4]) > 0.5]
-    extra = [(p, x["unexpected_axes"]) for p, x in m["plans"].items() if x["unexpected_axes"]]
-    figures = (f"{len(pairs) - len(off)} of {len(pairs)} (plan, rank, axis) counts match "
-               f"their formula (" + ", ".join(
-                   f"{PLAN_NAMES[p]}: " + ", ".join(f"{a} {w:,.0f} B" for a, (_, w) in
-                                                   x["bytes"][min(x["bytes"])].items())
-                   for p, x in m["plans"].items()) + " on its first rank)")
-    why = "; ".join([f"{PLAN_NAMES[p]} rank {r} {a}: traced {g:,.0f}, formula {w:,.0f}"
-                     for p, r, a, g, w in off[:3]]
-                    + [f"{PLAN_NAMES[p]} moved bytes on {axes}, which no formula names"
-                       for p, axes in extra])
-    return not off and not extra, figures, why
-
-
-CHOICE_MARGIN = 1.3       # the pick's replayed step against the other plan on all devices
-
-
-@lessons.lesson("13.the_choice_holds_here",
-                "of the plans that use all 4 devices, the one the cost model predicts "
-                "quickest also takes the quickest step replayed on dedicated devices, at "
-                "least 1.3x quicker than the other",
-                _choice_experiment)
-def the_choice_holds_here(m: dict):
-    plans, pick = m["plans"], m["pick"]
-    others = [p for p, x in plans.items() if p != pick and x["devices"] == plans[pick]["devices"]]
-    if not others:
-        return False, f"only {PLAN_NAMES[pick]} was measured", "nothing to compare it with"
-    rival = min(others, key=lambda p: plans[p]["replayed_s"])
-    margin = plans[rival]["replayed_s"] / plans[pick]["replayed_s"]
-    figures = (f"the model's pick {PLAN_NAMES[pick]}: {plans[pick]['replayed_s'] * 1e3:.1f} ms "
-               f"replayed (PREDICTED {plans[pick]['predicted_s'] * 1e3:.1f} ms); "
-               f"{PLAN_NAMES[rival]}: {plans[rival]['replayed_s'] * 1e3:.1f} ms replayed "
-               f"(PREDICTED {plans[rival]['predicted_s'] * 1e3:.1f} ms): {margin:.2f}x")
-    why = (f"the cost model gave {PLAN_NAMES[rival]} "
-           f"{plans[rival]['predicted_s'] / plans[pick]['predicted_s']:.2f}x the pick's step "
-           "(PREDICTED)")
-    return margin >= CHOICE_MARGIN, figures, why, m.get("replay_source", "")
-
-
-# ------------------------------------------------------------------ exercise 10.1: what crosses a cut
-def _cut_bytes(cut, micro_batch, size=32, base=8):
-    # every tensor made before the cut and read after it crosses, forward; its gradient
-    # (as many numbers) comes back; 4 bytes a number
-    from ..torch.models import UNet
-    numbers = sum(tensor_elements(n, size, base) for n in crossing(UNet.BLOCKS, cut))
-    return (4 * micro_batch * numbers, 4 * micro_batch * numbers)
-
-
-register(Exercise(
-    name="cut_bytes",
-    reference=_cut_bytes,
-    cases=[(c, mb, s, b) for c in range(1, 6) for mb, s, b in ((4, 32, 8), (1, 64, 16), (3, 128, 4))],
-    hint="list, for the cut, every tensor made by a block before it and read by a block after "
-         "it (the skips e1 and e2 are read by the decoder, far away); each image's tensor has "
-         "channels × side × side numbers, the side halving and the channels doubling at each "
-         "level down; forward and backward move the same amount; a float32 is 4 bytes.",
-    close=lambda got, want: tuple(got) == tuple(want),
-))
-
-
-def traced_bytes_at_cuts(cuts=(1, 2, 3, 4, 5), *, cfg: UNetConfig = CFG, devices=None) -> dict:
-    """Run a 2-stage pipeline of the U-Net cut at each block boundary in ``cuts`` (one
-    step, one launch) and count, per cut, the bytes the first stage sent forward and
-    received back per micro-batch (traced): {cut: (forward, backward)}."""
-    from dataclasses import replace
-
-    from ..torch import unet
-    one = replace(cfg, steps=1)
-    res = launch(unet.pipeline_at_cuts, 2, args=(one, tuple(cuts)), devices=devices, timeout=120)
-    out = {}
-    for entry in res.results[0]:
-        t = traced_cut_bytes(res.timeline.window(*entry["window"]), 0, 1, cfg.micro_batches)
-        out[entry["cut"]] = (sum(t["forward"].values()), sum(t["backward"].values()))
-    return out
-
-
-def check_cut_bytes(fn, *, cfg: UNetConfig = CFG, devices=None):
-    """Exercise 10.1: the learner's ``fn(cut, micro_batch, size, base) -> (forward,
-    backward)`` bytes, first against the reference on several U-Nets, then against the
-    bytes a real 2-stage pipeline traced at every cut of the lab's U-Net. Returns the
-    function to use next."""
-    from .exercise import EXERCISES
-    use = check("cut_bytes", fn)
-    if use is not fn:
-        return use
-    micro = cfg.global_batch // cfg.micro_batches
-    traced = traced_bytes_at_cuts(cfg=cfg, devices=devices)
-    wrong = [f"cut {c}: yours {fn(c, micro, cfg.size, cfg.base)}, traced "
-             f"({t[0]:,.0f}, {t[1]:,.0f})" for c, t in traced.items()
-             if tuple(fn(c, micro, cfg.size, cfg.base)) != t]
-    if wrong:
-        print("[cut_bytes] right on paper, yet a real pipeline sent other bytes:\n  "
-              + "\n  ".join(wrong) + "\nThe lab goes on with the reference.")
-        return EXERCISES["cut_bytes"].reference
-    print(f"[cut_bytes] and on 2 real ranks, at every cut of the lab's U-Net, your bytes per "
-          f"micro-batch of {micro} images equal the traced ones: " + ", ".join(
-              f"cut {c} {t[0] / 1e3:,.0f} kB" for c, t in traced.items()))
-    return fn
+# ------------------------------------------------------------------ ZeRO-3 by hand
+def zero3_resumed(whole: LaunchResult, devices=None) -> dict:
+    """Lab 08's ZeRO-3 by hand saved on 4 ranks at step 3 and resumed on 2: its weights
+    at step 6 against ``whole`` (FSDP2 on 4 ranks, never stopped), and its bytes a rank."""
+    from ..torch import checkpoint_zero3
+    where = folder("zero3")
+    kw = dict(every=EVERY, folder=str(where))
+    first = launch(checkpoint_zero3.train_zero3, DEVICES, devices=devices,
+                   args=(config(),), kwargs=dict(steps=EVERY, **kw), timeout=240)
+    two = devices.like(2) if devices is not None else None
+    resumed = launch(checkpoint_zero3.train_zero3, 2, devices=two, args=(config(),),
+                     kwargs=dict(steps=STEPS, resume=True, **kw), timeout=240)
+    return {"bytes": [r["saved"][0][1] for r in first.results],
+            "start": resumed.results[0]["start"],
+            "weights": largest_difference((weights_of(resumed)[k], v)
+                                          for k, v in weights_of(whole).items())}

@@ -122,6 +122,10 @@ def check(path, model: nn.Module) -> dict:
     """
     path = Path(path)
     manifest = read_manifest(path)
+    if manifest.get("strategy", STRATEGIES[0]) not in STRATEGIES:
+        raise ValueError(f"checkpoint {path.name} was saved by strategy "
+                         f"{manifest['strategy']!r}, whose state this loader does not read: "
+                         f"load it with that strategy's loader (zero3: checkpoint_zero3.load)")
     meta = _verify_files(path, manifest)
     saved = {k[len("model."):]: _shape(m.size) for k, m in meta.state_dict_metadata.items()
              if k.startswith("model.") and hasattr(m, "size")}
@@ -214,11 +218,15 @@ class Saver:
     next save or at the end, a point every rank reaches in the same order.
     """
 
-    def __init__(self, folder, g, manifest: dict, asynchronous=False, fail_at=None):
+    def __init__(self, folder, g, manifest: dict, asynchronous=False, fail_at=None,
+                 state_fn=None):
         import torch.distributed as dist
         self.folder, self.g, self.manifest = Path(folder), g, manifest
+        # what to save of (net, opt): DCP's state dicts, or a strategy's own (ZeRO-3 by hand)
+        self.state_fn = state_fn or _state
         self.asynchronous, self.fail_at = asynchronous, fail_at
         self.saved, self.save_s, self.blocked_s = [], [], []
+        self.rng: dict[int, list] = {}
         self.pending = None
         self.pg = None
         if asynchronous:
@@ -239,8 +247,10 @@ class Saver:
         started = time.perf_counter()
         self.finish()                                 # at most one save in flight
         partial = self.folder / f".{step_name(step)}.partial-{self._agreed_id()}"
+        # the random state as it stands at this step (rank 0's: the ranks draw alike)
+        self.rng[step] = torch.get_rng_state().tolist()
         writer = dcp.FileSystemWriter(str(partial))
-        state = _state(net, opt)
+        state = self.state_fn(net, opt)
         if self.asynchronous:
             fut = dcp.async_save(state, storage_writer=writer, process_group=self.pg)
             done = {}
@@ -271,6 +281,7 @@ class Saver:
         comm.barrier(group=self.g, name="checkpoint written")
         if self.g.first:
             manifest = dict(self.manifest, step=step, world_size=self.g.size,
+                            rng=self.rng.pop(step, None),
                             files={f.name: f.stat().st_size for f in sorted(partial.iterdir())
                                    if f.is_file()})
             _write_synced(partial / MANIFEST, json.dumps(manifest, indent=1))
@@ -309,7 +320,7 @@ def _sync_folder(folder: Path) -> None:
 # ------------------------------------------------------------------ the rank function
 def train(rank: int, world_size: int, cfg: Config, *, steps: int, every: int, folder,
           resume: bool = False, strategy: str = "fsdp2", group=None, fail_at=None,
-          async_save: bool = False) -> dict:
+          async_save: bool = False, after_step=None, restore: str = "all") -> dict:
     """Rank function: train the MLP with Adam up to step ``steps``, saving every ``every``.
 
     steps: the step to stop after, counted from the run's start: a resumed run trains
@@ -319,6 +330,13 @@ def train(rank: int, world_size: int, cfg: Config, *, steps: int, every: int, fo
     resume: continue from ``latest(folder)`` (from step 0 if there is none).
     fail_at: (rank, step): that rank dies while saving that step (tests).
     async_save: write checkpoints in the background (``dcp.async_save``).
+    restore: on resuming, "all" (the weights, Adam's state and the data's position) or
+    "weights" (the weights alone: a fresh Adam, the data from its first batch), to show
+    what the other two are for.
+    after_step: called as ``after_step(step)`` once step ``step``'s optimizer step is
+    taken, before that step's save (so what it draws from the random state is saved, as
+    a dropout's draws would be); ``parlab.torch.elastic`` kills a rank there to rehearse
+    a restart.
 
     Returns {"losses": [(step, loss)], "state": the whole weights (numpy), "saved":
     [(step, bytes of this rank's shard files)], "save_s", "blocked_s" (how long the
@@ -329,6 +347,8 @@ def train(rank: int, world_size: int, cfg: Config, *, steps: int, every: int, fo
                                                          get_model_state_dict)
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    if restore not in ("all", "weights"):
+        raise ValueError(f"restore must be 'all' or 'weights', got {restore!r}")
     if every < 1 or steps < 0:
         raise ValueError(f"every must be at least 1 and steps at least 0, got {every}, {steps}")
     g, device = as_group(group), runtime.library_device()
@@ -342,14 +362,22 @@ def train(rank: int, world_size: int, cfg: Config, *, steps: int, every: int, fo
     opt = training.make_optimizer("adam", net.parameters(), cfg.lr)
 
     start = 0
+    skip = 0                                 # batches already trained on
     if resume and latest(folder) is not None:
-        start = load(latest(folder), net, opt, g)["step"]
+        saved = load(latest(folder), net, opt, g)
+        start = saved["step"]
+        if restore == "weights":
+            opt = training.make_optimizer("adam", net.parameters(), cfg.lr)
+        else:
+            skip = start
+            if saved.get("rng") is not None:         # the random state at the save
+                torch.set_rng_state(torch.tensor(saved["rng"], dtype=torch.uint8))
     manifest = {"strategy": strategy, "parameters": shapes, "sizes": list(cfg.sizes),
                 "seed": cfg.seed, "lr": cfg.lr, "batch_size": cfg.batch_size,
                 "torch": torch.__version__}
     saver = Saver(folder, g, manifest, asynchronous=async_save, fail_at=fail_at)
     batches = training.digit_batches("mlp", cfg.batch_size)
-    for _ in range(start):                   # the data position is the step counter
+    for _ in range(skip):                    # the data position is the step counter
         next(batches)
     losses, step_s = [], []
     for step in range(start + 1, steps + 1):
@@ -364,10 +392,13 @@ def train(rank: int, world_size: int, cfg: Config, *, steps: int, every: int, fo
         losses.append((step, loss.item()))
         runtime.synchronize()
         step_s.append(time.perf_counter() - t0)
+        if after_step is not None:           # the step's own work, before its save
+            after_step(step)
         if step % every == 0:
             saver.save(step, net, opt)
     end_wait = saver.finish()
     full = get_model_state_dict(net, options=StateDictOptions(full_state_dict=True))
     return {"losses": losses, "state": {k: training.to_numpy(v) for k, v in full.items()},
             "saved": saver.saved, "save_s": saver.save_s, "blocked_s": saver.blocked_s,
-            "step_s": step_s, "start": start, "params": params, "end_wait_s": end_wait}
+            "step_s": step_s, "start": start, "params": params, "end_wait_s": end_wait,
+            "random_draw": torch.rand(1).item()}   # equal after a resume: the state came back

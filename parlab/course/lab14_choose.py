@@ -1,4 +1,4 @@
-"""Lab 13's choice: the cost model (``parlab.sim``) on the course's U-Net.
+"""Lab 14's choice: the cost model (``parlab.sim``) on the course's U-Net.
 
 ``sim.Network.unet`` describes the same U-Net as ``parlab.torch.models.UNet`` layer by
 layer (convolutions, poolings, up-convolutions, concats), with its skip connections, so
@@ -82,7 +82,7 @@ def calibrate(single_timelines: dict, runs: dict, cfg: UNetConfig, *, simulated:
     single_timelines: {batch: the U-Net's single-device step timeline} (forward, backward,
         update): per-layer costs (``sim.Measured.from_timeline``: a straight line through
         the batch sizes gives each pass a fixed part and a part per image).
-    runs: the equivalence runs (``lab13.run_plans``). The link: fitted to the pipeline's
+    runs: the equivalence runs (``lab14.run_plans``). The link: fitted to the pipeline's
         traced transfers (alpha + S / beta, ``sim.calibrate.link_from_transfers``). And
         how much slower a rank computes between messages than one device back to back
         (its caches and the core it wakes on are no longer warm): the data-parallel
