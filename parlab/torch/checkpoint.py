@@ -318,6 +318,49 @@ def _sync_folder(folder: Path) -> None:
 
 
 # ------------------------------------------------------------------ the rank function
+def start_run(cfg: Config, steps: int, every: int, group):
+    """Check the settings; (group, device, this rank's rows of a batch, the MLP seeded
+    alike on every rank and world size, its parameters' shapes, their count)."""
+    if every < 1 or steps < 0:
+        raise ValueError(f"every must be at least 1 and steps at least 0, got {every}, {steps}")
+    g, device = as_group(group), runtime.library_device()
+    rows = g.rows(cfg.batch_size, "global batch")
+    torch.manual_seed(cfg.seed)              # the same start on every rank and world size
+    net = models.mlp(tuple(cfg.sizes)).to(device)
+    shapes = {k: list(v.shape) for k, v in net.state_dict().items()}
+    return g, device, rows, net, shapes, sum(p.numel() for p in net.parameters())
+
+
+def run_steps(net, opt, saver, cfg: Config, steps: range, every: int, *, skip: int, rows,
+              device, after_backward=None, after_step=None) -> tuple[list, list]:
+    """The training loop every strategy shares: batch k of ``digit_batches`` is step k's
+    (the first ``skip`` are passed over: the data's position), this rank's ``rows`` of
+    it, Adam's step, a save every ``every`` steps. after_backward: what the strategy
+    does with the gradients (replicated: average them). Returns ([(step, loss)],
+    [seconds a step])."""
+    batches = training.digit_batches("mlp", cfg.batch_size)
+    for _ in range(skip):
+        next(batches)
+    losses, step_s = [], []
+    for step in steps:
+        t0 = time.perf_counter()
+        x, y = training.on_device(*next(batches), device, rows)
+        loss = nn.functional.cross_entropy(net(x), y)
+        loss.backward()
+        if after_backward is not None:
+            after_backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append((step, loss.item()))
+        runtime.synchronize()
+        step_s.append(time.perf_counter() - t0)
+        if after_step is not None:           # the step's own work, before its save
+            after_step(step)
+        if step % every == 0:
+            saver.save(step, net, opt)
+    return losses, step_s
+
+
 def train(rank: int, world_size: int, cfg: Config, *, steps: int, every: int, folder,
           resume: bool = False, strategy: str = "fsdp2", group=None, fail_at=None,
           async_save: bool = False, after_step=None, restore: str = "all") -> dict:
@@ -349,14 +392,7 @@ def train(rank: int, world_size: int, cfg: Config, *, steps: int, every: int, fo
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
     if restore not in ("all", "weights"):
         raise ValueError(f"restore must be 'all' or 'weights', got {restore!r}")
-    if every < 1 or steps < 0:
-        raise ValueError(f"every must be at least 1 and steps at least 0, got {every}, {steps}")
-    g, device = as_group(group), runtime.library_device()
-    rows = g.rows(cfg.batch_size, "global batch")
-    torch.manual_seed(cfg.seed)              # the same start on every rank and world size
-    net = models.mlp(tuple(cfg.sizes)).to(device)
-    shapes = {k: list(v.shape) for k, v in net.state_dict().items()}
-    params = sum(p.numel() for p in net.parameters())
+    g, device, rows, net, shapes, params = start_run(cfg, steps, every, group)
     if strategy == "fsdp2":
         net = _fsdp2(net, g)
     opt = training.make_optimizer("adam", net.parameters(), cfg.lr)
@@ -376,26 +412,11 @@ def train(rank: int, world_size: int, cfg: Config, *, steps: int, every: int, fo
                 "seed": cfg.seed, "lr": cfg.lr, "batch_size": cfg.batch_size,
                 "torch": torch.__version__}
     saver = Saver(folder, g, manifest, asynchronous=async_save, fail_at=fail_at)
-    batches = training.digit_batches("mlp", cfg.batch_size)
-    for _ in range(skip):                    # the data position is the step counter
-        next(batches)
-    losses, step_s = [], []
-    for step in range(start + 1, steps + 1):
-        t0 = time.perf_counter()
-        x, y = training.on_device(*next(batches), device, rows)
-        loss = nn.functional.cross_entropy(net(x), y)
-        loss.backward()
-        if strategy == "replicated":
-            data_parallel.average_gradients(net, g)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append((step, loss.item()))
-        runtime.synchronize()
-        step_s.append(time.perf_counter() - t0)
-        if after_step is not None:           # the step's own work, before its save
-            after_step(step)
-        if step % every == 0:
-            saver.save(step, net, opt)
+    average = (lambda: data_parallel.average_gradients(net, g)) if strategy == "replicated" \
+        else None
+    losses, step_s = run_steps(net, opt, saver, cfg, range(start + 1, steps + 1), every,
+                               skip=skip, rows=rows, device=device, after_backward=average,
+                               after_step=after_step)
     end_wait = saver.finish()
     full = get_model_state_dict(net, options=StateDictOptions(full_state_dict=True))
     return {"losses": losses, "state": {k: training.to_numpy(v) for k, v in full.items()},

@@ -17,13 +17,12 @@ once) and Adam's hyperparameters ``optim.lr``, ``optim.beta1``, ... as plain flo
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from . import checkpoint as ck, models, runtime, training, zero
+from . import checkpoint as ck, runtime, training, zero
 from .groups import as_group
 
 STRATEGY = "zero3"
@@ -161,14 +160,7 @@ def train_zero3(rank: int, world_size: int, cfg: ck.Config, *, steps: int, every
     {"losses", "state": whole weights as numpy ("<index>.weight"/"<index>.bias"),
     "saved": [(step, bytes of this rank's files)], "save_s", "blocked_s", "step_s",
     "start", "params"}."""
-    if every < 1 or steps < 0:
-        raise ValueError(f"every must be at least 1 and steps at least 0, got {every}, {steps}")
-    g, device = as_group(group), runtime.library_device()
-    rows = g.rows(cfg.batch_size, "global batch")
-    torch.manual_seed(cfg.seed)              # the same start on every rank and world size
-    plain = models.mlp(tuple(cfg.sizes)).to(device)
-    shapes = {k: list(v.shape) for k, v in plain.state_dict().items()}
-    params = sum(p.numel() for p in plain.parameters())
+    g, device, rows, plain, shapes, params = ck.start_run(cfg, steps, every, group)
     net = zero.shard_model(plain, g)
     del plain
     opt = training.make_optimizer("adam", net.parameters(), cfg.lr)
@@ -179,22 +171,8 @@ def train_zero3(rank: int, world_size: int, cfg: ck.Config, *, steps: int, every
                 "flat": {k: n for k, (_, n) in layers(net).items()}, "seed": cfg.seed,
                 "lr": cfg.lr, "batch_size": cfg.batch_size, "torch": torch.__version__}
     saver = ck.Saver(folder, g, manifest, state_fn=lambda net, opt: to_dtensors(net, opt, g))
-    batches = training.digit_batches("mlp", cfg.batch_size)
-    for _ in range(start):                   # the data position is the step counter
-        next(batches)
-    losses, step_s = [], []
-    for step in range(start + 1, steps + 1):
-        t0 = time.perf_counter()
-        x, y = training.on_device(*next(batches), device, rows)
-        loss = nn.functional.cross_entropy(net(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append((step, loss.item()))
-        runtime.synchronize()
-        step_s.append(time.perf_counter() - t0)
-        if step % every == 0:
-            saver.save(step, net, opt)
+    losses, step_s = ck.run_steps(net, opt, saver, cfg, range(start + 1, steps + 1), every,
+                                  skip=start, rows=rows, device=device)
     state = {}
     for key, (m, _) in layers(net).items():
         state.update(m.whole(key))
