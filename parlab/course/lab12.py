@@ -108,11 +108,10 @@ KINDS = ("forward", "backward", "backward: input", "backward: weights")
 
 
 def _kind_of(name: str, split: set) -> str | None:
-    from ..pipeline import pass_of
-    op = pass_of(name.split(" (")[0])
+    op = _parts(name)
     if op is None:
         return None
-    kind, i, c = op if len(op) == 3 else (*op, 0)
+    kind, i, c = op
     if kind == "F":
         return "forward"
     if kind == "W":
@@ -291,7 +290,6 @@ def numbers(run_: LaunchResult, ref: dict, replay=None, cfg: SplitConfig | None 
     tl = replay if replay is not None else replays.replayed(run_, link)
     made = plans(cfg)
     measured = step_bubbles(run_.timeline, made)
-    replayed = step_bubbles(tl, made)
     paper = {r["schedule"]: r for r in on_paper()}
     quiet = quietest_steps(tl, made)
     model = cost_model(quiet["1f1b"][1], made, link, cfg)
@@ -300,9 +298,9 @@ def numbers(run_: LaunchResult, ref: dict, replay=None, cfg: SplitConfig | None 
         ops = made[name][1]
         predicted = predict(name, made, model, cfg)
         chunks = pipeline.layout(ops)[0]
-        k, step = quiet[name]
+        k, step, bubble = quiet[name]
         rows.append({"schedule": name, "measured": min(measured[name][1:]),
-                     "replayed": replayed[name][k],
+                     "replayed": bubble,
                      "predicted": _pass_bubble(predicted),
                      "step_s": _duration(step), "predicted_step_s": predicted.step_s,
                      "formula": paper[name]["formula"], "paper": paper[name]["bubble"],
@@ -314,13 +312,14 @@ def numbers(run_: LaunchResult, ref: dict, replay=None, cfg: SplitConfig | None 
 
 
 def _duration(step: dict) -> float:
-    spans = [s for v in step.values() for s in v]
-    return max(s.end for s in spans) - min(s.start for s in spans)
+    from ..torch.pipeline_chunks import span_of
+    t0, t1 = span_of(step)
+    return t1 - t0
 
 
 def quietest_steps(tl, made: dict) -> dict:
-    """{schedule: (index, {rank: spans}) of its least disturbed step after the first}:
-    the one with the smallest bubble."""
+    """{schedule: (index, {rank: spans}, bubble) of its least disturbed step after the
+    first}: the one with the smallest bubble."""
     from ..torch.pipeline_chunks import bubble_by_step, steps_of
     ranks = list(range(DEVICES))
     out = {}
@@ -329,20 +328,17 @@ def quietest_steps(tl, made: dict) -> dict:
             seg = tl.window(a, b)
             bubbles = bubble_by_step(seg, made[name][1], ranks)
             k = 1 + min(range(len(bubbles) - 1), key=lambda j: bubbles[j + 1])
-            out[name] = (k, steps_of(seg, made[name][1], ranks)[k])
+            out[name] = (k, steps_of(seg, made[name][1], ranks)[k], bubbles[k])
     return out
 
 
 def plot_replayed(run_: LaunchResult, replay=None, cfg: SplitConfig | None = None):
     """The least disturbed step of each schedule, replayed on 4 dedicated devices."""
-    from ..torch.pipeline_chunks import bubble_by_step
     tl = replay if replay is not None else replays.replayed(run_)
-    made = plans(cfg or CONFIG)
     steps, bubbles = {}, {}
-    for name, (k, step) in quietest_steps(tl, made).items():
+    for name, (_, step, bubble) in quietest_steps(tl, plans(cfg or CONFIG)).items():
         steps[name] = sim_replayed([s for spans in step.values() for s in spans], tl)
-        bubbles[name] = bubble_by_step(tl.window(*windows(tl)[name]), made[name][1],
-                                       list(range(DEVICES)))[k]
+        bubbles[name] = bubble
     return _panels(steps, bubbles, "replayed")
 
 

@@ -284,17 +284,6 @@ def pass_spans(timeline, ranks) -> dict[int, list]:
             for r in ranks}
 
 
-def step_windows(timeline, ops, ranks) -> list[tuple[float, float]]:
-    """(start, end) of the pass part of every step: from the first pass of any device
-    to the last; a device runs len(ops[d]) passes a step."""
-    per = pass_spans(timeline, ranks)
-    sizes = [len(ops[d]) for d in range(len(ranks))]
-    n = min(len(per[r]) // size for r, size in zip(ranks, sizes))
-    return [(min(per[r][k * size].start for r, size in zip(ranks, sizes)),
-             max(per[r][(k + 1) * size - 1].end for r, size in zip(ranks, sizes)))
-            for k in range(n)]
-
-
 def steps_of(timeline, ops, ranks) -> list[dict]:
     """Each step's passes: {rank: its spans}, the k-th step being the k-th len(ops[d])
     passes of device d (a device may still run its last W's while another starts the
@@ -305,14 +294,20 @@ def steps_of(timeline, ops, ranks) -> list[dict]:
             for k in range(n)]
 
 
+def span_of(step: dict) -> tuple[float, float]:
+    """(start, end) of one step's passes ({rank: spans}), over every device."""
+    spans = [s for passes in step.values() for s in passes]
+    return min(s.start for s in spans), max(s.end for s in spans)
+
+
 def bubble_by_step(timeline, ops, ranks) -> list[float]:
     """Idle share of each step's pass part, over the devices: 1 - busy / (devices x
-    window); communication and waiting count as idle, as in the formulas."""
-    per = pass_spans(timeline, ranks)
+    the span from the step's first pass to its last); communication and waiting count
+    as idle, as in the formulas."""
     out = []
-    for k, (t0, t1) in enumerate(step_windows(timeline, ops, ranks)):
-        busy = sum(s.duration for d, r in enumerate(ranks)
-                   for s in per[r][k * len(ops[d]):(k + 1) * len(ops[d])])
+    for step in steps_of(timeline, ops, ranks):
+        t0, t1 = span_of(step)
+        busy = sum(s.duration for passes in step.values() for s in passes)
         out.append(1 - busy / (len(ranks) * (t1 - t0)))
     return out
 
