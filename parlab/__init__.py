@@ -10,7 +10,8 @@ Where things live, from the ground up (nothing imports a floor above its own):
   (reading steps out of a timeline), ``metrics``, ``data``, ``processes``, ``plot/``,
   ``sim/`` (the cost model), and the framework-free half of each strategy, named as its
   ranks' half in ``torch/`` and ``tf/``: ``pipeline`` (schedules), ``split`` (where to
-  cut a model), ``mesh`` (mesh arithmetic, ``HybridShape``), ``zero`` (ZeRO's bytes);
+  cut a model), ``mesh`` (mesh arithmetic, ``HybridShape``), ``zero`` (ZeRO's bytes),
+  ``nodes`` (ranks on nodes, the bytes over the slow link between them);
 * ``torch/`` and ``tf/``: the runtime, traced communication and one module per strategy;
 * the launcher: ``launcher`` (``parlab.launch``) with ``launch_settings``,
   ``launch_folder``, ``starting``, ``_worker``, ``rank_exits``, ``rank_stacks``;

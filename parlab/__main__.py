@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import base64
 import importlib
 import json
 import math
@@ -34,8 +35,9 @@ def _run_settings(parser, ns):
     if not (math.isfinite(ns.timeout) and 0 < ns.timeout <= MAX_TIMEOUT_S):
         parser.error(f"--timeout must be a number of seconds above 0 and at most "
                      f"{MAX_TIMEOUT_S:.0f} (30 days), got {ns.timeout:g}")
-    if ns.trace is not None:
-        _check_trace(parser, ns.trace)
+    for flag, path in (("--trace", ns.trace), ("--results", ns.results)):
+        if path is not None:
+            _check_writable(parser, flag, path)
     if ns.args is None:
         return []
     try:
@@ -53,16 +55,16 @@ def _run_settings(parser, ns):
     return args
 
 
-def _check_trace(parser, path: str) -> None:
-    """Open the trace file before the run, not after it: a path that cannot be written
-    would otherwise be found when the run is over, and its trace lost."""
+def _check_writable(parser, flag: str, path: str) -> None:
+    """Open the trace (or results) file before the run, not after it: a path that cannot
+    be written would otherwise be found when the run is over, and what it was for lost."""
     existed = os.path.lexists(path)
     try:
         with open(path, "a"):
             pass
     except OSError as exc:
-        parser.error(f"--trace {path!r}: cannot write a file there ({exc.strerror or exc}): "
-                     "name a file in a folder you may write to, e.g. --trace run.json")
+        parser.error(f"{flag} {path!r}: cannot write a file there ({exc.strerror or exc}): "
+                     f"name a file in a folder you may write to, e.g. {flag} run.json")
     if not existed:
         try:
             os.unlink(path)     # the run writes it; an empty file must not stay if it fails
@@ -100,14 +102,29 @@ def _cmd_run(parser, ns) -> int:
         return 0
     print(json.dumps({"results": results}, default=repr))
     print(timeline.summary())
-    if ns.trace:
-        try:
+    try:
+        if ns.trace:
             print(f"trace written to {timeline.to_chrome_trace(ns.trace)}")
-        except OSError as exc:     # checked before the run; changed during it
-            print(f"parlab run: cannot write the trace to {ns.trace!r} "
-                  f"({exc.strerror or exc})", file=sys.stderr)
-            return 1
+        if ns.results:
+            with open(ns.results, "w") as fh:
+                json.dump({"results": results}, fh, default=_in_full)
+    except OSError as exc:     # checked before the run; changed during it
+        print(f"parlab run: cannot write {exc.filename!r} ({exc.strerror or exc})",
+              file=sys.stderr)
+        return 1
     return 0
+
+
+def _in_full(obj):
+    """A numpy array whole, where the printed line shows its repr (shortened past 1000
+    numbers): its bytes in base64, with dtype and shape, to be read back exactly
+    (``parlab.two_nodes`` does, for the states it compares)."""
+    if hasattr(obj, "tobytes") and hasattr(obj, "dtype") and not obj.dtype.hasobject:
+        if obj.ndim == 0:
+            return obj.item()
+        return {"__ndarray__": base64.b64encode(obj.tobytes()).decode(),
+                "dtype": obj.dtype.str, "shape": list(obj.shape)}
+    return repr(obj)
 
 
 def _cmd_info() -> int:
@@ -174,6 +191,8 @@ def main(argv=None) -> int:
     r.add_argument("--nproc", type=int, default=2, help="ranks, when not under torchrun")
     r.add_argument("--args", help="JSON list of extra arguments for the worker")
     r.add_argument("--trace", help="write a Chrome/Perfetto trace to this path")
+    r.add_argument("--results", help="also write the results to this JSON file, numpy "
+                   "arrays in full")
     r.add_argument("--timeout", type=float, default=600.0)
     s = sub.add_parser("student-copy", help="copy the labs without solutions or outputs")
     s.add_argument("src", nargs="?", default="labs")

@@ -55,6 +55,16 @@ class DeviceSet:
     gpus_found: int
     reason: str
     shared: bool = False    # several ranks per GPU, messages through host memory
+    nodes: tuple = ()       # the ranks of each node, e.g. ((0, 1), (2, 3)); () is one machine
+    between: object = None  # the link between nodes a replay prices (a sim.Link), if nodes
+
+    @property
+    def node_size(self) -> int:
+        """Ranks per node (all of them on one machine)."""
+        return len(self.nodes[0]) if self.nodes else self.n
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.node_size
 
     def like(self, n: int) -> "DeviceSet":
         """``n`` devices of this set's kind (real GPUs, ranks sharing a GPU, or simulated), for
@@ -77,7 +87,8 @@ class DeviceSet:
 
     def label(self, rank: int) -> str:
         suffix = " (simulated)" if self.simulated else " (shared)" if self.shared else ""
-        return f"rank {rank} · {self.names[rank]}{suffix}"
+        node = f" · node {self.node_of(rank)}" if self.nodes else ""
+        return f"rank {rank} · {self.names[rank]}{suffix}{node}"
 
     def labels(self) -> dict[int, str]:
         return {r: self.label(r) for r in range(self.n)}
@@ -110,6 +121,13 @@ class DeviceSet:
 
     def __repr__(self) -> str:
         return f"DeviceSet({self.describe()})"
+
+    def __str__(self) -> str:
+        if not self.nodes:
+            return self.describe()
+        return (f"{self.describe()}; grouped into {len(self.nodes)} nodes of {self.node_size} "
+                f"({', '.join(f'node {k}: ranks {list(ranks)}' for k, ranks in enumerate(self.nodes))}), "
+                f"the link between them {self.between}")
 
 
 def _check_count(n) -> int:
@@ -154,7 +172,7 @@ def _check_mode(mode, simulate) -> tuple[str, str]:
 
 
 def devices(n: int, *, simulate: bool | None = None, framework: str = "torch",
-            mode: str | None = None) -> DeviceSet:
+            mode: str | None = None, nodes: int = 1, between=None) -> DeviceSet:
     """Describe the ``n`` devices a lab will use.
 
     mode="auto" (default, or ``$PARLAB_DEVICES``): real GPUs when at least ``n`` are
@@ -162,7 +180,40 @@ def devices(n: int, *, simulate: bool | None = None, framework: str = "torch",
     demand ``n`` real GPUs; too few is a ``ValueError``. mode="shared-gpu": ``n`` ranks
     share the visible GPU(s), messages through host memory (see the module's notes).
     simulate=True / False is the older spelling of mode="cpu" / "gpu".
+
+    nodes: group the ranks into that many nodes of consecutive ranks, as torchrun numbers
+    them (rank = node · ranks per node + local rank). A replay then prices messages inside
+    a node on this machine's link and messages between nodes on ``between`` (a ``sim.Link``;
+    default ``sim.link_preset("ethernet")``, 1 Gb/s). The ranks still run on this machine.
     """
+    chosen = _devices(n, simulate=simulate, framework=framework, mode=mode)
+    return _in_nodes(chosen, nodes, between)
+
+
+def _in_nodes(chosen: DeviceSet, nodes, between) -> DeviceSet:
+    from dataclasses import replace
+    if nodes == 1 and between is None:
+        return chosen
+    count = whole_number(nodes)
+    if count is None or count < 1:
+        raise ValueError(f"devices(nodes=...) must be a whole number of nodes >= 1, got {nodes!r}")
+    if chosen.n % count:
+        raise ValueError(f"devices({chosen.n}, nodes={nodes}): {chosen.n} ranks do not split "
+                         f"into {nodes} nodes of equal size; choose nodes among "
+                         f"{[k for k in range(1, chosen.n + 1) if chosen.n % k == 0]}")
+    from .sim.links import Link
+    if between is None:
+        from .sim.replay import link_preset
+        between = link_preset("ethernet")
+    if not isinstance(between, Link):
+        raise TypeError(f"devices(between=...) must be a sim.Link (e.g. "
+                        f"sim.link_preset('ethernet')), got {type(between).__name__}")
+    size = chosen.n // count
+    groups = tuple(tuple(range(k * size, (k + 1) * size)) for k in range(count))
+    return replace(chosen, nodes=groups, between=between)
+
+
+def _devices(n: int, *, simulate: bool | None, framework: str, mode: str | None) -> DeviceSet:
     n = _check_count(n)
     simulate = _check_simulate(simulate)
     if framework not in ("torch", "tf"):

@@ -52,8 +52,14 @@ class LaunchResult:
     wall_time: float
 
     def replayed(self, link=None):
-        """This run on dedicated devices: ``sim.replay(self.timeline, link)``."""
+        """This run on dedicated devices: ``sim.replay(self.timeline, link)``. Ranks grouped
+        into nodes (``parlab.devices(n, nodes=k)``) are replayed on two links: this
+        machine's idle link inside a node, the devices' ``between`` link across nodes."""
         from .sim import replay
+        from .sim.replay import TwoTier, idle_link
+        devs = self.devices
+        if link is None and devs is not None and devs.nodes and idle_link() is not None:
+            link = TwoTier(idle_link(), devs.between, nodes=devs.nodes)
         return replay(self.timeline, link)
 
     def __repr__(self) -> str:

@@ -145,7 +145,7 @@ def crossing(blocks, cut: int) -> list[str]:
 
 @dataclass(frozen=True)
 class UNetConfig:
-    """One U-Net training run on the course's shapes (lab 14): the model, its data, its
+    """One U-Net training run on the course's shapes (lab 15): the model, its data, its
     step, and where a pipeline cuts it (the same settings on one device and on many)."""
 
     base: int = 8                    # channels at the top level (see models.unet)

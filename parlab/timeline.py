@@ -105,6 +105,24 @@ class Timeline:
             ranks.extend(tl.ranks)
         return cls(spans, labels, ranks)
 
+    @classmethod
+    def from_chrome_trace(cls, path: str | os.PathLike) -> "Timeline":
+        """The timeline a trace of ``to_chrome_trace`` holds, e.g. one that ``parlab run
+        --trace`` wrote under torchrun, where the timeline stays in rank 0's process.
+
+        Its spans as drawn (waits split, core waits carved out), times in seconds from
+        the trace's start, the ranks' labels kept.
+        """
+        with open(path) as fh:
+            events = json.load(fh)["traceEvents"]
+        labels = {e["pid"]: e["args"]["name"] for e in events
+                  if e.get("ph") == "M" and e.get("name") == "process_name"}
+        spans = [Span(e["pid"], e["args"]["kind"], e["name"], e["ts"] / 1e6,
+                      (e["ts"] + e["dur"]) / 1e6, e["args"].get("bytes", 0),
+                      e["args"].get("peer"), e["args"].get("axis"))
+                 for e in events if e.get("ph") == "X"]
+        return cls(spans, labels, sorted(labels))
+
     # -- basic views
     def __len__(self) -> int:
         return len(self.spans)

@@ -67,7 +67,7 @@ def test_bench_command_prints_measured_ratios():
     from parlab import bench
     assert {"tracing_overhead", "manual_split", "vertical_slicing", "pipeline_bubble",
             "data_parallel", "parameter_server", "hybrid", "memory", "core_waits",
-            "sim"} <= set(bench.BENCHMARKS)
+            "sim", "two_nodes"} <= set(bench.BENCHMARKS)
     wrong = subprocess.run([sys.executable, "-m", "parlab", "bench", "--only", "nope"],
                            capture_output=True, text=True, timeout=60)
     assert wrong.returncode == 2 and "unknown benchmark 'nope'" in wrong.stdout

@@ -77,3 +77,23 @@ def test_bfloat16_instructions_are_read_from_the_cpus_flags(tmp_path):
     info.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2\n")
     assert bfloat16_instructions(str(info)) == []
     assert bfloat16_instructions(str(tmp_path / "missing")) == []
+
+
+def test_ranks_grouped_into_nodes_as_torchrun_numbers_them():
+    from parlab import sim
+    devs = parlab.devices(4, nodes=2)
+    assert devs.nodes == ((0, 1), (2, 3)) and devs.node_size == 2
+    assert [devs.node_of(r) for r in range(4)] == [0, 0, 1, 1]
+    assert devs.label(2) == "rank 2 · cpu (simulated) · node 1"
+    assert devs.between == sim.link_preset("ethernet")
+    assert "2 nodes of 2" in str(devs) and "node 1: ranks [2, 3]" in str(devs)
+    slow = sim.Link(1e-3, 1e6)
+    assert parlab.devices(4, nodes=4, between=slow).between == slow
+    one = parlab.devices(4)
+    assert one.nodes == () and one.node_size == 4 and one.label(3) == "rank 3 · cpu (simulated)"
+    with pytest.raises(ValueError, match=r"choose nodes among \[1, 2, 4\]"):
+        parlab.devices(4, nodes=3)
+    with pytest.raises(ValueError, match="whole number of nodes"):
+        parlab.devices(4, nodes=0)
+    with pytest.raises(TypeError, match="must be a sim.Link"):
+        parlab.devices(4, nodes=2, between=1e9)

@@ -15,11 +15,12 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "parlab"
 
 CORE = {"trace", "metrics", "pipeline", "pipeline_orders", "split", "mesh", "data", "errors", "plot", "sim",
-        "processes", "zero", "steps", "spans", "recorders", "timeline", "progress"}
+        "processes", "zero", "steps", "spans", "recorders", "timeline", "progress", "nodes"}
 MAX_LINES = 500
 ABOVE_STRATEGIES = {"parlab.launcher", "parlab._worker", "parlab.exercises",
                     "parlab.experiments", "parlab.widgets", "parlab.bench", "parlab.__main__",
-                    "parlab.course", "parlab.starting", "parlab.restarts"}
+                    "parlab.course", "parlab.starting", "parlab.restarts",
+                    "parlab.two_nodes"}
 FRAMEWORKS = ("torch", "tensorflow", "keras", "parlab.torch", "parlab.tf")
 
 

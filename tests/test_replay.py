@@ -278,6 +278,29 @@ def test_a_launched_run_replays_with_every_rank_in_order(no_leftover_ranks):
     assert all(s.kind != "core_wait" for s in tl.spans)
 
 
+def test_a_run_on_devices_in_nodes_replays_its_messages_between_nodes_on_the_slow_link(
+        no_leftover_ranks, monkeypatch):
+    """devices(4, nodes=2): the flat ring's all-reduce spans both nodes, so its replay pays
+    the slow link; the same run on one machine does not."""
+    import parlab
+    from parlab.course import replays
+    from parlab.torch.data_parallel import train_data_parallel
+    import importlib
+    monkeypatch.setattr(replays, "idle_link", lambda: LINK)
+    monkeypatch.setattr(importlib.import_module("parlab.sim.replay"), "idle_link", lambda: LINK)
+    slow = sim.Link(20e-3, 1e5)
+    devs = parlab.devices(4, nodes=2, between=slow)
+    run = parlab.launch(train_data_parallel, 4, kwargs={"steps": 2}, devices=devs, timeout=120)
+    assert run.timeline.labels[3].endswith("node 1")
+    reduces = [s for s in replays.replayed(run).spans if s.name.startswith("all_reduce") and s.kind == COMM]
+    flat = [s for s in run.replayed(LINK).spans if s.name.startswith("all_reduce") and s.kind == COMM]
+    assert reduces and len(reduces) == len(flat)
+    assert min(s.duration for s in reduces) >= 2 * 3 * slow.latency_s
+    assert all(a.duration > b.duration for a, b in zip(reduces, flat))
+    assert [s.duration for s in run.replayed().spans if s.name.startswith("all_reduce") and s.kind == COMM] == \
+        [s.duration for s in reduces]
+
+
 @pytest.mark.parametrize("kind", [COMPUTE, COMM])
 def test_a_span_reads_the_counters_before_the_clock_at_both_edges(kind, monkeypatch):
     """A computing thread is often preempted at its next system call: the counters' read.

@@ -1,4 +1,4 @@
-"""Lab 14: the U-Net under data parallel, a pipeline whose cut carries the skip
+"""Lab 15: the U-Net under data parallel, a pipeline whose cut carries the skip
 connections, and dp × pp on a mesh, each equal to one device; the bytes each rank
 traced on each axis equal the formulas; serving from a fresh process."""
 from dataclasses import replace
@@ -9,13 +9,13 @@ import torch
 
 import parlab
 from parlab import data
-from parlab.course import lab14
-from parlab.course import lab14_choose as choose
+from parlab.course import lab15
+from parlab.course import lab15_choose as choose
 from parlab.metrics import max_difference, merged
 from parlab.split import UNetConfig, crossing
 from parlab.torch import models, unet
 
-CFG = replace(lab14.CFG, steps=3)
+CFG = replace(lab15.CFG, steps=3)
 LOSS_TOL, GRAD_TOL = 1e-5, 1e-6      # relative loss per step; first gradients
 PARAM_TOL = 1e-4                     # after 3 Adam steps (Adam magnifies last-bit differences)
 
@@ -23,7 +23,7 @@ PARAM_TOL = 1e-4                     # after 3 Adam steps (Adam magnifies last-b
 @pytest.fixture(scope="module")
 def plans():
     """dp 4, pp 2 and dp 2 × pp 2, 3 steps each, one launch of 4 ranks."""
-    return lab14.run_plans(cfg=CFG, pin_cores=False)
+    return lab15.run_plans(cfg=CFG, pin_cores=False)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def reference():
 
 @pytest.mark.parametrize("plan", ["dp", "pp", "dp_pp"])
 def test_each_plan_trains_like_one_device(plan, plans, reference):
-    got = lab14.plan_outcome(plan, plans[plan]["results"])
+    got = lab15.plan_outcome(plan, plans[plan]["results"])
     ref = np.asarray(reference["losses"])
     assert len(got["losses"]) == CFG.steps
     assert np.max(np.abs(np.asarray(got["losses"]) - ref) / ref) < LOSS_TOL
@@ -45,7 +45,7 @@ def test_each_plan_trains_like_one_device(plan, plans, reference):
 
 @pytest.mark.parametrize("plan", ["dp", "pp", "dp_pp"])
 def test_each_rank_moves_the_formula_bytes_on_each_axis(plan, plans):
-    moved = lab14.axis_bytes(plan, plans[plan], CFG)
+    moved = lab15.axis_bytes(plan, plans[plan], CFG)
     for rank, axes in moved["bytes"].items():
         for axis, (got, want) in axes.items():
             assert got == want, (plan, rank, axis)
@@ -64,7 +64,7 @@ def test_each_rank_moves_the_formula_bytes_on_each_axis(plan, plans):
 
 
 def test_the_encoder_sends_the_bottleneck_and_both_skips(plans):
-    traced = lab14.traced_cut_bytes(plans["pp"]["timeline"], 0, CFG.steps, CFG.micro_batches)
+    traced = lab15.traced_cut_bytes(plans["pp"]["timeline"], 0, CFG.steps, CFG.micro_batches)
     assert traced["forward"] == {"e1": 4 * 4 * 8 * 32 * 32, "e2": 4 * 4 * 16 * 16 * 16,
                                  "b": 4 * 4 * 32 * 8 * 8}
     assert traced["backward"] == traced["forward"]
@@ -79,10 +79,10 @@ def test_a_pipeline_cut_anywhere_trains_like_one_device_and_sends_what_crosses(r
         np.testing.assert_allclose(stages[1]["losses"], reference["losses"], rtol=LOSS_TOL)
         assert max_difference(merged(stages, "first_grads"), reference["first_grads"]) < GRAD_TOL
         window = res.timeline.window(*res.results[0][k]["window"])
-        traced = lab14.traced_cut_bytes(window, 0, CFG.steps, CFG.micro_batches)
+        traced = lab15.traced_cut_bytes(window, 0, CFG.steps, CFG.micro_batches)
         assert set(traced["forward"]) == set(crossing(models.UNet.BLOCKS, cut))
         assert sum(traced["forward"].values()) == net.cut_bytes(choose.layer_of_cut(net, cut), 4)
-        assert lab14._cut_bytes(cut, 4) == (sum(traced["forward"].values()),
+        assert lab15._cut_bytes(cut, 4) == (sum(traced["forward"].values()),
                                             sum(traced["backward"].values()))
 
 
@@ -151,20 +151,20 @@ def test_the_served_model_segments_in_a_fresh_process(tmp_path):
     torch.manual_seed(0)
     model = unet.build(CFG)
     images, _ = data.shapes(3, seed=2)
-    served = lab14.serve_in_fresh_process(model, images, folder=str(tmp_path))
+    served = lab15.serve_in_fresh_process(model, images, folder=str(tmp_path))
     from parlab.torch import serve
     assert np.array_equal(served["masks"], serve.segment(model.eval(), images))
     assert served["pid"] != __import__("os").getpid() and "segmented 3 images" in served["said"]
     assert (tmp_path / "unet_shapes.pt").exists()
     with pytest.raises(RuntimeError, match="the serving process failed"):
         (tmp_path / "unet_shapes.pt").write_bytes(b"not a model")
-        from parlab.course import lab14_serve
-        lab14_serve.subprocess_serve(str(tmp_path / "unet_shapes.pt"), images)
+        from parlab.course import lab15_serve
+        lab15_serve.subprocess_serve(str(tmp_path / "unet_shapes.pt"), images)
 
 
 # ------------------------------------------------------------------ the exercises
 def test_cut_bytes_check_accepts_the_reference_on_real_ranks(capsys):
-    assert lab14.check_cut_bytes(lab14._cut_bytes) is lab14._cut_bytes
+    assert lab15.check_cut_bytes(lab15._cut_bytes) is lab15._cut_bytes
     out = capsys.readouterr().out
     assert "correct on all 15 cases" in out and "cut 3 229 kB" in out
 
@@ -172,27 +172,27 @@ def test_cut_bytes_check_accepts_the_reference_on_real_ranks(capsys):
 def test_cut_bytes_check_says_what_is_wrong_and_falls_back(capsys):
     def forgets_the_skips(cut, micro_batch, size=32, base=8):
         last = ["e1", "e2", "b", "d2", "d1"][cut - 1]
-        n = 4 * micro_batch * lab14.tensor_elements(last, size, base)
+        n = 4 * micro_batch * lab15.tensor_elements(last, size, base)
         return n, n
-    assert lab14.check_cut_bytes(forgets_the_skips) is lab14._cut_bytes
+    assert lab15.check_cut_bytes(forgets_the_skips) is lab15._cut_bytes
     assert "not yet right" in capsys.readouterr().out
 
     def todo(*args):
         raise NotImplementedError
-    assert lab14.check_cut_bytes(todo) is lab14._cut_bytes
+    assert lab15.check_cut_bytes(todo) is lab15._cut_bytes
     assert "not attempted yet" in capsys.readouterr().out
 
 
 def test_plan_check_runs_the_cost_model_on_the_choice(capsys):
     def best():
         return {"dp": 4, "pp": 2, "micro_batches": 32}
-    assert lab14.check_plan(best) is best
+    assert lab15.check_plan(best) is best
     assert "right: it fits" in capsys.readouterr().out
     for plan, said in (({"dp": 8, "pp": 1}, "does not fit in memory"),
                        ({"dp": 4, "pp": 2, "micro_batches": 4}, "more than 10 % slower"),
                        ({"dp": 4, "pp": 1}, "has 8 devices")):
-        use = lab14.check_plan(lambda plan=plan: plan)
-        assert use() == choose.best_plan(choose.SCENARIO) and lab14.whose(use) == "the reference"
+        use = lab15.check_plan(lambda plan=plan: plan)
+        assert use() == choose.best_plan(choose.SCENARIO) and lab15.whose(use) == "the reference"
         assert said in capsys.readouterr().out
 
 
@@ -215,8 +215,8 @@ def test_the_plans_on_ranks_sharing_one_gpu_train_like_one_device():
     """The same plans with the ranks computing on the GPU (messages through host memory),
     against one device on the CPU: convolutions in float32 (no TF32), other kernels and
     summation orders, so a looser tolerance."""
-    runs = lab14.run_plans(cfg=CFG, devices=parlab.devices(4, mode="shared-gpu"),
+    runs = lab15.run_plans(cfg=CFG, devices=parlab.devices(4, mode="shared-gpu"),
                            pin_cores=False)
-    for plan, e in lab14.equivalence(runs, unet.train_single(CFG)).items():
+    for plan, e in lab15.equivalence(runs, unet.train_single(CFG)).items():
         assert e["loss"] < 1e-4 and e["grads"] < 1e-4 and e["replicas_identical"], (plan, e)
-        assert lab14.axis_bytes(plan, runs[plan], CFG)["unexpected_axes"] == []
+        assert lab15.axis_bytes(plan, runs[plan], CFG)["unexpected_axes"] == []

@@ -35,7 +35,11 @@ def idle_link(refresh: bool = False, timeout: float = 120.0) -> sim.Link:
 
 def replayed(run, link=None):
     """``run`` (a LaunchResult) replayed on dedicated devices, on this machine's idle link
-    unless told otherwise."""
+    unless told otherwise; ranks grouped into nodes (``parlab.devices(n, nodes=k)``) talk
+    across nodes on the devices' ``between`` link."""
+    devs = getattr(run, "devices", None)
+    if link is None and devs is not None and devs.nodes:
+        link = sim.TwoTier(idle_link(), devs.between, nodes=devs.nodes)
     return sim.replay(run.timeline, link if link is not None else idle_link())
 
 

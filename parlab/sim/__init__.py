@@ -16,7 +16,8 @@ from ``parlab.pipeline`` and ``parlab.pipeline_orders``, every rank's step progr
 ``timelines`` (one function per strategy; ``servers``: lab 06's; ``strategies``: by
 name), ``memory``, ``clusters`` (presets with their sources),
 ``published`` (checks against papers), ``published_runs`` (94 published runs, split into
-a fitting and a held-out set), ``validate`` (the model's prediction of each), ``model``
+a fitting and a held-out set; ``published_runs_sealed``: 27 more, sealed 2026-11-29),
+``validate`` (the model's prediction of each), ``model``
 (clusters, workloads), ``summary`` (the summary model), ``calibrate`` (fits to what a
 lab measured), ``checks`` (every input checked where it enters), ``limits`` (the largest
 timeline the engine draws: 64 ranks, 100,000 operations; networks of 10,000 layers),
@@ -125,7 +126,8 @@ error 6.2 %); against this machine: ``python -m parlab bench --only sim``.
 
 The replay (not a prediction: a measured run's own work on dedicated devices):
 ``replay(run.timeline, link)`` -> ``ReplayedTimeline`` (``replay``, ``replay_program``);
-links: a ``Link``, ``TwoTier(inside, between, node_size)``, ``link_preset(name)``.
+links: a ``Link``, ``TwoTier(inside, between, node_size)``, ``link_preset(name)``,
+``ethernet(gbit_per_s)``.
 
 The summary model (lab 07, and runs of thousands of GPUs): ``Workload``, ``Plan``,
 ``predict(w, cluster, plan, batch, overlap_dp=, zero=, sharding=, chunks=, bounds=,
@@ -144,7 +146,7 @@ from .engine import Deadlock, PredictedTimeline
 from .memory import DoesNotFit, Memory, memory, memory_per_device, parameter_server_memory
 from .model import (AXES, Cluster, Link, Plan, Prediction, Workload, all_reduce_s, bubble,
                     calibrated, measured_link, plans, predict, presets, send_s, with_links)
-from .replay import ReplayedTimeline, ReplayStuck, TwoTier, link_preset, replay
+from .replay import ReplayedTimeline, ReplayStuck, TwoTier, ethernet, link_preset, replay
 from .servers import parameter_server
 from .strategies import STRATEGIES, timeline
 from .timelines import (all_gather_s, data_parallel, hybrid, manual_split, pipeline,
@@ -158,6 +160,6 @@ __all__ = [
     "manual_split", "measured_link", "memory", "memory_per_device", "parameter_server",
     "parameter_server_memory", "pipeline", "plans", "predict", "presets", "published", "send_s",
     "single_device", "t4_pcie", "tensor_parallel", "timeline", "v100_dgx2h",
-    "with_links", "replay", "ReplayedTimeline", "ReplayStuck", "TwoTier", "link_preset",
+    "with_links", "replay", "ReplayedTimeline", "ReplayStuck", "TwoTier", "ethernet", "link_preset",
     "context", "split_transformer", "experts", "MoELayer", "expert_parallel", "moe_layer",
 ]

@@ -81,15 +81,26 @@ class TwoTier:
 
 def link_preset(name: str) -> Link:
     """A datasheet link, derated as the cost model's presets are: "nvlink" (H100),
-    "pcie" (T4 on PCIe), "infiniband" (H100 nodes, one 400 Gb/s card per GPU)."""
+    "pcie" (T4 on PCIe), "infiniband" (H100 nodes, one 400 Gb/s card per GPU), "ethernet"
+    (1 Gb/s between machines with no faster network)."""
     from . import clusters
     presets = {"nvlink": lambda: clusters.h100_nvlink().intra,
                "pcie": lambda: clusters.t4_pcie().intra,
-               "infiniband": lambda: clusters.h100_infiniband(2).inter}
+               "infiniband": lambda: clusters.h100_infiniband(2).inter,
+               "ethernet": lambda: ETHERNET_1G}
     if name not in presets:
         raise ValueError(f"link preset must be one of {sorted(presets)}, got {name!r}")
     return presets[name]()
 
+
+def ethernet(gbit_per_s: float) -> Link:
+    """An Ethernet link of ``gbit_per_s`` as TCP sees it: over 1,500-byte frames, TCP
+    carries 1,448 of every 1,538 bytes a frame takes on the wire (headers, preamble,
+    gap): 94 %. Latency: a switched LAN's one-way time through two TCP stacks, 50 us."""
+    return Link(50e-6, gbit_per_s * 1e9 / 8 * 1448 / 1538)
+
+
+ETHERNET_1G = ethernet(1.0)      # 1000BASE-T (IEEE 802.3ab)
 
 REFERENCE_BYTES = 1 << 16     # the message size at which two measured links are compared
 

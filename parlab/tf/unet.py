@@ -1,4 +1,4 @@
-"""Lab 14 in TensorFlow: the same U-Net (``models.unet``), trained as the course's source
+"""Lab 15 in TensorFlow: the same U-Net (``models.unet``), trained as the course's source
 material trained it: Keras ``fit`` on one device and under ``MirroredStrategy``, and a
 custom ``GradientTape`` loop on one device and under ``MultiWorkerMirroredStrategy``
 (two processes, each told its place by ``TF_CONFIG``). Every run starts from the same

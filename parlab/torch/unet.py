@@ -1,4 +1,4 @@
-"""Lab 14: the U-Net of lab 01 on several devices, built from the course's strategies.
+"""Lab 15: the U-Net of lab 01 on several devices, built from the course's strategies.
 
 * **one device** (``train_single``): the reference every strategy is compared with.
 * **data parallel** (``train_data_parallel``): every rank a whole U-Net on its rows of

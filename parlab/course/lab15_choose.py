@@ -1,4 +1,4 @@
-"""Lab 14's choice: the cost model (``parlab.sim``) on the course's U-Net.
+"""Lab 15's choice: the cost model (``parlab.sim``) on the course's U-Net.
 
 ``sim.Network.unet`` describes the same U-Net as ``parlab.torch.models.UNet`` layer by
 layer (convolutions, poolings, up-convolutions, concats), with its skip connections, so
@@ -82,7 +82,7 @@ def calibrate(single_timelines: dict, runs: dict, cfg: UNetConfig, *, simulated:
     single_timelines: {batch: the U-Net's single-device step timeline} (forward, backward,
         update): per-layer costs (``sim.Measured.from_timeline``: a straight line through
         the batch sizes gives each pass a fixed part and a part per image).
-    runs: the equivalence runs (``lab14.run_plans``). The link: fitted to the pipeline's
+    runs: the equivalence runs (``lab15.run_plans``). The link: fitted to the pipeline's
         traced transfers (alpha + S / beta, ``sim.calibrate.link_from_transfers``). And
         how much slower a rank computes between messages than one device back to back
         (its caches and the core it wakes on are no longer warm): the data-parallel
@@ -210,7 +210,7 @@ def pick(choices: dict, devices: int = DEVICES) -> str:
 # ------------------------------------------------------------------ exercise: choose for a cluster
 @dataclass(frozen=True)
 class Scenario:
-    """A cluster, a U-Net and its batch: what exercise 10.2 asks a plan for."""
+    """A cluster, a U-Net and its batch: what exercise 15.2 asks a plan for."""
 
     cluster: str = "8 × A100 80 GB (NVLink)"
     image: int = 1024
@@ -279,14 +279,14 @@ def cost_text(cost: dict) -> str:
             f"{cost['memory'] / 1e9:.1f} GB on the fullest GPU ({fits})")
 
 
-# ------------------------------------------------------------------ exercise 10.2: a plan for a cluster
+# ------------------------------------------------------------------ exercise 15.2: a plan for a cluster
 def the_best_plan() -> dict:
-    """Exercise 10.2's reference: the best plan for ``SCENARIO`` (a search)."""
+    """Exercise 15.2's reference: the best plan for ``SCENARIO`` (a search)."""
     return best_plan(SCENARIO)
 
 
 def check_plan(fn):
-    """Exercise 10.2: the learner's ``fn()`` returns a plan {"dp", "pp", "micro_batches"}
+    """Exercise 15.2: the learner's ``fn()`` returns a plan {"dp", "pp", "micro_batches"}
     for ``SCENARIO``; the cost model says what it costs against the best
     plan that fits. Right when it fits and is within 10 % of the best. Returns the
     function to use next (a plan maker)."""

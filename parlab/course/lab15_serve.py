@@ -1,4 +1,4 @@
-"""Lab 14's last parts: the U-Net in TensorFlow as the course's source material trained
+"""Lab 15's last parts: the U-Net in TensorFlow as the course's source material trained
 it (Keras ``fit`` under ``MirroredStrategy``, a custom loop under
 ``MultiWorkerMirroredStrategy`` with ``TF_CONFIG``), and the trained model served from a
 process of its own."""
