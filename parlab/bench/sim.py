@@ -24,8 +24,8 @@ measurements can be kept and the model's predictions recomputed from them. A ste
 judged against 15 % only where the configuration's ranks fit the cores; where they
 outnumber them the line gives the band the measured step covered across the rounds, and
 the prediction against the measured step less its ranks' wait for a core (``report``).
-Then the published runs (``sim.validate``: fitting and held-out sets) and the three
-in-sample figures (``sim.published``).
+Then the published runs (``sim.validate``: fitting and held-out sets; the set sealed on
+2026-11-29, ``sim.published_runs_sealed``) and the three in-sample figures (``sim.published``).
 """
 from __future__ import annotations
 
@@ -407,14 +407,14 @@ def sim_bench(quick: bool = False) -> list[str]:
     validation set (fitting and held-out, ``sim.validate``) and against the three figures
     it was built on (``sim.published``)."""
     from .. import sim
-    from ..sim import validate
+    from ..sim import published_runs_sealed, validate
     measured = [measure(quick) for _ in range(1 if quick else ROUNDS)]
     lines = [_calibration_line(k, m) for k, m in enumerate(measured)]
     pooled, memo = calibrations_of_run(measured), {}
     lines.append(f"each prediction: under all {len(pooled)} calibrations of the run, their "
                  f"predicted steps pooled ({PREDICTED_STEPS} each)")
     rounds = [compare(m, pooled, memo) for m in measured]
-    return lines + report(rounds) + validate.lines() + [
+    return lines + report(rounds) + validate.lines() + published_runs_sealed.lines() + [
         line.replace("sim vs published:", "sim vs published (in-sample):", 1)
         for line in sim.published.lines()]
 
