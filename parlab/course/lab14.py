@@ -178,7 +178,7 @@ def plot_curves(runs: dict):
         by_time.plot(c["seconds"], c["loss"], style, lw=2, label=LABELS[how])
     by_samples.set_xlabel("samples seen")
     by_samples.set_ylabel("training loss (16-step mean)")
-    by_samples.set_title("against samples: close together")
+    by_samples.set_title("against samples: local SGD a little above")
     by_time.set_xlabel(f"seconds, replayed ({BETWEEN} between nodes)")
     by_time.set_title("against time: local SGD done first")
     from matplotlib.ticker import FuncFormatter
