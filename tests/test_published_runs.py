@@ -7,20 +7,17 @@ printed beside a value in the same row agree with it, so a slip in transcription
 here rather than as a wrong prediction later.
 """
 import datetime
-import math
-import re
 
 import pytest
+from published_records import UNVERIFIED, assert_names_its_source_metric_and_value
 
 from parlab.sim import clusters, published
 from parlab.sim import published_runs as pr
-from parlab.sim.published_setups import (FLOPS, HARDWARE, Collective, ConvNet, Parameters,
-                                         Transformer)
+from parlab.sim.published_setups import HARDWARE, Collective, ConvNet, Parameters, Transformer
 
 RUNS = pr.runs()
 IDS = [r.id for r in RUNS]
 RECOMPUTE = {"none", "full", "selective", "full-except-last", None}
-UNVERIFIED = "from memory, unverified"
 
 
 def _setups(run):
@@ -39,13 +36,7 @@ def test_there_are_enough_runs_to_lose_some_and_keep_25():
 
 @pytest.mark.parametrize("run", RUNS, ids=IDS)
 def test_every_run_names_its_source_metric_value_and_hardware(run):
-    assert re.fullmatch(r"[a-z0-9][a-z0-9.-]*", run.id)
-    assert run.kind in pr.KINDS
-    assert run.title and run.metric and run.unit and run.note
-    assert run.cite.authors and 2015 <= run.cite.year <= 2026 and run.cite.where
-    assert re.match(r"arXiv:\d{4}\.\d{4,5}|https://", run.cite.ref), run.cite.ref
-    assert isinstance(run.value, (int, float)) and math.isfinite(run.value) and run.value > 0
-    assert run.flops in FLOPS or run.flops == ""
+    assert_names_its_source_metric_and_value(run)
     if "FLOP" in run.unit or "peak" in run.unit:
         assert run.flops, f"{run.id}: a FLOP/s or utilisation figure needs its FLOP count"
     for setup in _setups(run):

@@ -7,22 +7,21 @@ this file checks only that the record exists and names every sealed run. The rec
 themselves must not move: a change to any of them changes the content hash below, and the
 set is then no longer the one that was sealed.
 """
-import math
 import re
 from pathlib import Path
 
 import pytest
+from published_records import UNVERIFIED, assert_names_its_source_metric_and_value
 
 from parlab.sim import experts
 from parlab.sim import published_runs as pr
 from parlab.sim import published_runs_sealed as sealed
-from parlab.sim.published_setups import FLOPS, HARDWARE, Transformer
+from parlab.sim.published_setups import HARDWARE, Transformer
 
 SEALED_SHA256 = "091a40b7d09b4fc3479d079f72e507fbf41ce45669087f5d9aa0c779be17c18f"
 RECORDED = Path(__file__).with_name("published_predictions_sealed.txt")
 RUNS = sealed.runs()
 IDS = [r.id for r in RUNS]
-UNVERIFIED = "from memory, unverified"
 
 
 def _source(ref: str) -> str:
@@ -60,13 +59,7 @@ def test_there_are_at_least_15_runs_from_several_sources():
 # ------------------------------------------------------------------ (b) complete records
 @pytest.mark.parametrize("run", RUNS, ids=IDS)
 def test_every_record_is_complete(run):
-    assert re.fullmatch(r"[a-z0-9][a-z0-9.-]*", run.id)
-    assert run.kind in pr.KINDS
-    assert run.title and run.metric and run.unit and run.note
-    assert run.cite.authors and 2015 <= run.cite.year <= 2026 and run.cite.where
-    assert re.match(r"arXiv:\d{4}\.\d{4,5}|https://", run.cite.ref), run.cite.ref
-    assert isinstance(run.value, (int, float)) and math.isfinite(run.value) and run.value > 0
-    assert run.flops in FLOPS or run.flops == ""
+    assert_names_its_source_metric_and_value(run)
     assert run.verified or UNVERIFIED in run.note
     assert run.setup.hardware in HARDWARE and run.baseline is None
     model, p = run.setup.model, run.setup.parallel
