@@ -66,6 +66,15 @@ class DeviceSet:
     def node_of(self, rank: int) -> int:
         return rank // self.node_size
 
+    def replay_link(self, inside):
+        """The link a replay of a run on these devices prices its messages on: ``inside``
+        (a ``sim.Link``) on one machine; with nodes, ``inside`` within a node and
+        ``between`` across nodes (a ``sim.TwoTier``)."""
+        if not self.nodes:
+            return inside
+        from .sim.replay import TwoTier
+        return TwoTier(inside, self.between, nodes=self.nodes)
+
     def like(self, n: int) -> "DeviceSet":
         """``n`` devices of this set's kind (real GPUs, ranks sharing a GPU, or simulated), for
         a comparison that must not change kind with the count: one device on the GPU against

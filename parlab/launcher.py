@@ -56,10 +56,9 @@ class LaunchResult:
         into nodes (``parlab.devices(n, nodes=k)``) are replayed on two links: this
         machine's idle link inside a node, the devices' ``between`` link across nodes."""
         from .sim import replay
-        from .sim.replay import TwoTier, idle_link
-        devs = self.devices
-        if link is None and devs is not None and devs.nodes and idle_link() is not None:
-            link = TwoTier(idle_link(), devs.between, nodes=devs.nodes)
+        from .sim.replay import idle_link
+        if link is None and self.devices is not None and (inside := idle_link()) is not None:
+            link = self.devices.replay_link(inside)
         return replay(self.timeline, link)
 
     def __repr__(self) -> str:

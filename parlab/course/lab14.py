@@ -70,8 +70,7 @@ def handed_across(run: LaunchResult, steps: int, rank: int = 0) -> float:
     """Bytes one rank hands per step to collectives whose group spans both nodes: the
     world's ring (flat), the ``across`` line (hierarchical, local SGD)."""
     spans = [s for s in run.timeline.spans if s.rank == rank and s.kind == "comm"
-             and (s.axis == "across" or (s.axis is None and s.name.startswith("all_reduce")
-                                         and "inside" not in s.name))]
+             and (s.axis == "across" or (s.axis is None and s.name.startswith("all_reduce")))]
     return sum(s.bytes for s in spans) / steps
 
 
@@ -79,7 +78,6 @@ def bytes_rows(runs: dict, steps: int = SYNC_STEPS, local_H: int = 1) -> list[di
     """Per method: S handed across by a rank a step (measured), and the bytes that cross
     nodes a step, over all ranks and for the busiest rank (``parlab.nodes``' formulas on
     what was handed)."""
-    nodes = node_math
     rows = []
     for how, run in runs.items():
         if not isinstance(run, LaunchResult):
@@ -89,8 +87,8 @@ def bytes_rows(runs: dict, steps: int = SYNC_STEPS, local_H: int = 1) -> list[di
         handed = handed_across(run, steps)
         want = S if how == "flat" else S / NODE_SIZE / every
         rows.append({"how": how, "S": S, "handed": handed, "handed_formula": want,
-                     "crossing": nodes.slow_link_bytes(how, S, DEVICES, NODE_SIZE, every),
-                     "busiest": nodes.bytes_per_rank(how, S, DEVICES, NODE_SIZE, every)})
+                     "crossing": node_math.slow_link_bytes(how, S, DEVICES, NODE_SIZE, every),
+                     "busiest": node_math.bytes_per_rank(how, S, DEVICES, NODE_SIZE, every)})
     return rows
 
 

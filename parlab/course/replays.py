@@ -37,10 +37,10 @@ def replayed(run, link=None):
     """``run`` (a LaunchResult) replayed on dedicated devices, on this machine's idle link
     unless told otherwise; ranks grouped into nodes (``parlab.devices(n, nodes=k)``) talk
     across nodes on the devices' ``between`` link."""
-    devs = getattr(run, "devices", None)
-    if link is None and devs is not None and devs.nodes:
-        link = sim.TwoTier(idle_link(), devs.between, nodes=devs.nodes)
-    return sim.replay(run.timeline, link if link is not None else idle_link())
+    if link is None:
+        devs = getattr(run, "devices", None)
+        link = devs.replay_link(idle_link()) if devs is not None else idle_link()
+    return sim.replay(run.timeline, link)
 
 
 def source(tl, link: str = "this machine's idle link") -> str:
