@@ -20,6 +20,7 @@ from parlab.sim.published_setups import HARDWARE, Transformer
 
 SEALED_SHA256 = "091a40b7d09b4fc3479d079f72e507fbf41ce45669087f5d9aa0c779be17c18f"
 RECORDED = Path(__file__).with_name("published_predictions_sealed.txt")
+NOW = Path(__file__).with_name("published_predictions_sealed_now.txt")
 RUNS = sealed.runs()
 IDS = [r.id for r in RUNS]
 
@@ -110,3 +111,16 @@ def test_every_run_is_predicted_or_says_why_and_the_bench_prints_them():
         assert line.startswith(f"sim vs published: {run.id} ")
         assert "; sealed; " in line
     assert got[-1].startswith(f"sealed {sealed.SEALED_DATE}, predicted now: ")
+
+
+def test_the_prediction_of_the_day_is_the_recorded_one():
+    """The model as it is predicts every sealed run as ``published_predictions_sealed_now
+    .txt`` records (the first prediction stays in ``published_predictions_sealed.txt``). A
+    change to the model that moves one fails here: write the file again
+    (``print(*sealed.recorded_lines(sealed.NOW), sep=chr(10))``) and say in
+    docs/cost-model-sealed.md what moved."""
+    want = NOW.read_text().splitlines()
+    got = sealed.recorded_lines(sealed.NOW)
+    assert len(got) == len(want) == len(RUNS) + 1
+    for mine, theirs in zip(got, want):
+        assert mine == theirs

@@ -24,8 +24,10 @@ measurements can be kept and the model's predictions recomputed from them. A ste
 judged against 15 % only where the configuration's ranks fit the cores; where they
 outnumber them the line gives the band the measured step covered across the rounds, and
 the prediction against the measured step less its ranks' wait for a core (``report``).
-Then the published runs (``sim.validate``: fitting and held-out sets; the set sealed on
-2026-11-29, ``sim.published_runs_sealed``) and the three in-sample figures (``sim.published``).
+Then the published runs (``sim.validate``: fitting and held-out sets, their summaries as
+recorded before the changes of 2026-11-29 and as predicted now; the set sealed on 2026-11-29,
+``sim.published_runs_sealed``, as first predicted and now) and the three in-sample figures
+(``sim.published``).
 """
 from __future__ import annotations
 
@@ -414,7 +416,8 @@ def sim_bench(quick: bool = False) -> list[str]:
     lines.append(f"each prediction: under all {len(pooled)} calibrations of the run, their "
                  f"predicted steps pooled ({PREDICTED_STEPS} each)")
     rounds = [compare(m, pooled, memo) for m in measured]
-    return lines + report(rounds) + validate.lines() + published_runs_sealed.lines() + [
+    return lines + report(rounds) + [validate.BEFORE] + validate.lines() + \
+        published_runs_sealed.lines() + [
         line.replace("sim vs published:", "sim vs published (in-sample):", 1)
         for line in sim.published.lines()]
 

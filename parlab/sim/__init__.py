@@ -101,7 +101,7 @@ takes ``(net, cluster, batch, ..., steps=1, costs=None)``:
     ``timeline(name, net, cluster, batch, **options)`` dispatches by name (``STRATEGIES``).
 
 Memory per device: ``memory(net, batch, dp=, tp=, pp=, micro_batches=, schedule=,
-cluster=, zero=, recompute=, sequence_parallel=)`` -> the busiest device's ``Memory``
+cluster=, zero=, recompute=, sequence_parallel=, cp=, ep=)`` -> the busiest device's ``Memory``
 (params, grads, optimizer, activations, gathered-parameter buffers, capacity; ``fits``;
 ``check()`` raises ``DoesNotFit`` naming what to change); ``memory_per_device`` (one per
 stage), ``parameter_server_memory``. Context parallelism (ring attention):
@@ -121,8 +121,10 @@ link)`` (pairwise exchange) and ``collectives.all_to_all_time(cluster, nbytes, s
 Checked against papers: ``published.checks()`` / ``published.lines()`` (in-sample: GPipe
 Table 2, Megatron-LM's 8-way weak scaling, nccl-tests' bus bandwidth); against 94
 published runs split into a fitting and a held-out set before any prediction:
-``validate.lines()`` (held out, predicted once: 41 of 47 expressible within 15 %, median
-error 6.2 %); against this machine: ``python -m parlab bench --only sim``.
+``validate.lines()`` (held out: 41 of 48 expressible within 15 %, median error 6.3 %; 41 of
+47 when first predicted); a set sealed before the model's changes of 2026-11-29:
+``published_runs_sealed.lines()`` (14 of 27 within 15 %); against this machine:
+``python -m parlab bench --only sim``.
 
 The replay (not a prediction: a measured run's own work on dedicated devices):
 ``replay(run.timeline, link)`` -> ``ReplayedTimeline`` (``replay``, ``replay_program``);
@@ -132,7 +134,10 @@ links: a ``Link``, ``TwoTier(inside, between, node_size)``, ``link_preset(name)`
 The summary model (lab 07, and runs of thousands of GPUs): ``Workload``, ``Plan``,
 ``predict(w, cluster, plan, batch, overlap_dp=, zero=, sharding=, chunks=, bounds=,
 overlap_tp=)`` -> ``Prediction``, ``plans``, ``calibrated``, ``with_links``, ``presets``
-(language models), and the closed forms ``send_s``, ``all_reduce_s``, ``bubble``.
+(language models), and the closed forms ``send_s``, ``all_reduce_s``, ``bubble``. A
+``Plan(dp=, tp=, pp=, micro_batches=, cp=, ep=)`` may split sequences (context
+parallelism) and experts (``Network.llama(..., experts=, top_k=)``); a network with
+``fp8=True`` runs its products with weights at the cluster's ``fp8_matrix`` rate.
 """
 from . import calibrate, clusters, context, experts, published
 from .clusters import (a100_nvlink, gpu_presets, h100_infiniband, h100_nodes, h100_nvlink,

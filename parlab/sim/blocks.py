@@ -31,6 +31,12 @@ units (gated: SwiGLU's three matrices, Shazeer, 2020), on a sequence of s tokens
   5sf: SiLU, and the product's two reads and one write), rotary embeddings over Q and K;
   every tp rank repeats the two norms (2sh each), the two residual adds (3sh each) and
   with dropout the two dropouts (2sh each).
+* a mixture-of-experts block (``experts`` E > 1, ``top_k`` k; Shazeer et al., 2017;
+  GShard, Lepikhin et al., 2020): E MLPs of f units and a router (h x E); each token
+  runs through k of them, so the MLP's products have k s rows, its kept and element-wise
+  tensors are k times as large, and its parameters E times (``Layer.expert_params``,
+  what expert parallelism spreads); the k s h activations it dispatches to the experts
+  and combines back are ``Layer.routed_elems`` (balanced routing: every expert k s / E).
 * under tensor parallelism the block all-reduces its s h output twice forward and its
   input's gradient twice backward (Shoeybi et al., 2019, figure 4); every tp rank holds
   the norms and the row-parallel layers' biases whole (``replicated_params``), whose
@@ -38,17 +44,22 @@ units (gated: SwiGLU's three matrices, Shazeer, 2020), on a sequence of s tokens
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .layers import Gemm, Layer
 
 AB = 2                     # bytes per activation element (fp16 / bf16)
+STATISTIC_BYTES = 4        # one float32 log-sum-exp per query and head (flash-style)
 
 
 def block(name: str, seq: int, hidden: int, heads: int, *, kv_heads: int | None = None,
           ffn: int | None = None, gated: bool = False, norm: str = "layernorm",
           bias: bool = True, dropout: bool = True, rotary: bool = False,
-          flash: bool = False, act_bytes: int = AB) -> Layer:
+          flash: bool = False, act_bytes: int = AB, experts: int = 1,
+          top_k: int = 1) -> Layer:
     """One transformer block per sequence (see the module doc); act_bytes: 4 for a block
-    trained in float32 (every tensor kept or moved twice as large)."""
+    trained in float32 (every tensor kept or moved twice as large); experts, top_k: a
+    mixture-of-experts MLP (1, 1: a dense one)."""
     s, h, a, ab = seq, hidden, heads, act_bytes
     kv = a if kv_heads is None else kv_heads
     if h % a or a % kv:
@@ -56,18 +67,24 @@ def block(name: str, seq: int, hidden: int, heads: int, *, kv_heads: int | None 
                          f"kv_heads={kv} groups")
     if norm not in ("layernorm", "rmsnorm"):
         raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', got {norm!r}")
+    if not (isinstance(experts, int) and isinstance(top_k, int) and 1 <= top_k <= experts):
+        raise ValueError(f"experts and top_k must be whole numbers with 1 <= top_k <= "
+                         f"experts, got experts={experts!r}, top_k={top_k!r}")
     d, f = h // a, 4 * h if ffn is None else ffn
     kvd = kv * d
     up = (2 if gated else 1) * f
-    matrices = h * h + 2 * h * kvd + h * h + h * up + f * h
-    biases = (h + 2 * kvd + h + up + h) if bias else 0
+    e, k = experts, top_k
+    mlp_params = h * up + f * h + ((up + h) if bias else 0)
+    router = h * e if e > 1 else 0
+    matrices = h * h + 2 * h * kvd + h * h + e * (h * up + f * h) + router
+    biases = ((h + 2 * kvd + h) + e * (up + h)) if bias else 0
     norms = 2 * (2 * h if norm == "layernorm" else h)
     gemms = (Gemm(s, h + 2 * kvd, h, split="n"),
              Gemm(s, s, d, count=a, weights=False, split="count"),
              Gemm(s, d, s, count=a, weights=False, split="count"),
              Gemm(s, h, h, split="k"),
-             Gemm(s, up, h, split="n"),
-             Gemm(s, h, f, split="k"))
+             Gemm(k * s, up, h, split="n"),
+             Gemm(k * s, h, f, split="k")) + ((Gemm(s, e, h, split=None),) if e > 1 else ())
     flops = sum(g.flops for g in gemms)
     # kept for backward, bytes (Korthikanti et al., 2022, section 4.1, generalised)
     # (written for 2-byte activations, as the paper counts them; w scales them to ab)
@@ -77,11 +94,12 @@ def block(name: str, seq: int, hidden: int, heads: int, *, kv_heads: int | None 
     else:
         # the softmax's output, and with dropout its 1-byte mask and its output
         attention = w * 2.0 * a * s * s + ((1.0 + 2.0 * w) * a * s * s if dropout else 0.0)
-    split = w * (2 * s * h + 4 * s * kvd + 2 * s * h + (6 if gated else 4) * s * f) + attention
+    split = w * (2 * s * h + 4 * s * kvd + 2 * s * h + (6 if gated else 4) * k * s * f) + \
+        attention
     replicated = w * (4 * s * h + 4 * s * h) + (2 * s * h if dropout else 0)
     # element-wise traffic, bytes read + written
     softmax = 0.0 if flash else ab * 2.0 * a * s * s * (3 if dropout else 2)
-    mlp = ab * (5.0 if gated else 2.0) * s * f
+    mlp = ab * (5.0 if gated else 2.0) * k * s * f
     rope = ab * 2.0 * (s * h + s * kvd) if rotary else 0.0
     repeated = ab * (2 * 2 + 2 * 3 + (2 * 2 if dropout else 0)) * s * h
     return Layer(name, matrices + biases + norms, flops, out_elems=s * h,
@@ -89,7 +107,9 @@ def block(name: str, seq: int, hidden: int, heads: int, *, kv_heads: int | None 
                  replicated_bytes=repeated, tp_all_reduces=2, gemms=gemms,
                  saved_replicated_elems=replicated / ab, attention_elems=attention / ab,
                  attention_bytes=softmax, backward_gemms=gemms[1:2] if flash else (),
-                 replicated_params=norms + (2 * h if bias else 0))   # + proj's, down's bias
+                 replicated_params=norms + (2 * h if bias else 0),   # + proj's, down's bias
+                 expert_params=e * mlp_params if e > 1 else 0,
+                 routed_elems=k * s * h if e > 1 else 0.0)
 
 
 def embedding(seq: int, hidden: int, vocab: int, *, act_bytes: int = AB) -> Layer:
@@ -115,3 +135,24 @@ def head(seq: int, hidden: int, vocab: int, *, tied: bool, norm: str = "layernor
                  replicated_bytes=act_bytes * 2.0 * seq * hidden, tp_all_reduces=1, gemms=(gemm,),
                  saved_replicated_elems=2.0 * seq * hidden,
                  replicated_params=params - (0 if tied else vocab * hidden))   # the norm
+
+
+def is_block(layer) -> bool:
+    """Whether a layer is one of ``block``'s (dense or mixture-of-experts)."""
+    return (layer.tp_all_reduces == 2 and len(layer.gemms) in (6, 7)
+            and not layer.gemms[1].weights and layer.gemms[1].split == "count")
+
+
+def ring_attention(net):
+    """The network with each block's attention as ring attention keeps it (context
+    parallelism, ``sim.context``): no s x s tensor, one float32 log-sum-exp per query and
+    head."""
+    layers = []
+    for x in net.layers:
+        if is_block(x):
+            scores = x.gemms[1]
+            statistics = STATISTIC_BYTES * scores.m * scores.count / net.act_bytes
+            x = replace(x, saved_elems=x.saved_elems - x.attention_elems + statistics,
+                        attention_elems=0.0)
+        layers.append(x)
+    return replace(net, layers=tuple(layers))

@@ -37,6 +37,9 @@ MAX_ACHIEVABLE = {"A100": 271.2e12, "H100": 794.5e12}    # bf16 matrix FLOP/s (s
 # of the peak, where no maximum achievable rate is published: the mean share of the two
 # measured maxima (271.2 of 312, 794.5 of 989)
 ACHIEVABLE_SHARE = (MAX_ACHIEVABLE["A100"] / 312e12 + MAX_ACHIEVABLE["H100"] / 989e12) / 2
+# 8-bit float (e4m3) products: the H100 SXM's maximum achievable rate, 1402.6 of its
+# 1979 TFLOP/s dense FP8 peak (the same table as MAX_ACHIEVABLE, its FP8 part)
+H100_FP8 = 1402.6e12
 SUSTAINED_MEMORY = 0.90
 SUSTAINED_LINK = 0.80
 # network cards: nccl-tests' bus bandwidth across nodes reaches 24 of 25 GB/s on one HDR
@@ -105,8 +108,9 @@ def h100_nvlink(devices: int = 8) -> Cluster:
     NCCL_NVLS_ENABLE=0 does). The node's 8 ConnectX-7 cards: ``h100_infiniband``.
     """
     devices = count("h100_nvlink", "devices", devices)
-    return replace(_gpu(f"{devices} × H100 (NVLink)", devices, 8, 80, MAX_ACHIEVABLE["H100"],
-                        132, 3.35e12, 450e9, 3e-6, 50e9, 8e-6), nvls=True)
+    c = _gpu(f"{devices} × H100 (NVLink)", devices, 8, 80, MAX_ACHIEVABLE["H100"], 132,
+             3.35e12, 450e9, 3e-6, 50e9, 8e-6)
+    return replace(c, nvls=True, fp8_matrix=replace(c.matrix, rate=H100_FP8))
 
 
 def h100_infiniband(nodes: int = 2) -> Cluster:

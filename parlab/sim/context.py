@@ -60,13 +60,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..errors import counted
+from .blocks import STATISTIC_BYTES, is_block as _is_block, ring_attention as _ring_attention
 from .memory import GB, memory_per_device
 from .network import Network
 
 LAYOUTS = ("contiguous", "zigzag")
 AXES = ("tp", "tp_grads", "cp", "cp_grads")
 LOSS_NUMBERS = 3         # a vocabulary-parallel cross-entropy's all-reduces a position
-STATISTIC_BYTES = 4      # one float32 log-sum-exp per query and head (flash-style)
 
 
 @dataclass(frozen=True)
@@ -179,25 +179,6 @@ def _check(net: Network, tp: int, cp: int, sp: bool, layout: str) -> _Attention:
         raise ValueError(f"sequence parallelism splits each rank's {shape.seq // cp} "
                          f"positions over tp={tp}: use a tp that divides them")
     return shape
-
-
-def _is_block(layer) -> bool:
-    return (layer.tp_all_reduces == 2 and len(layer.gemms) == 6
-            and not layer.gemms[1].weights and layer.gemms[1].split == "count")
-
-
-def _ring_attention(net: Network) -> Network:
-    """The network with each block's attention as ring attention keeps it: no s x s
-    tensor, one float32 log-sum-exp per query and head (see the module doc)."""
-    layers = []
-    for x in net.layers:
-        if _is_block(x):
-            scores = x.gemms[1]
-            statistics = STATISTIC_BYTES * scores.m * scores.count / net.act_bytes
-            x = replace(x, saved_elems=x.saved_elems - x.attention_elems + statistics,
-                        attention_elems=0.0)
-        layers.append(x)
-    return replace(net, layers=tuple(layers))
 
 
 def _tensor_parallel(tally: _Tally, net: Network, batch: int, tp: int, cp: int, sp: bool):

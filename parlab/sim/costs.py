@@ -36,9 +36,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..metrics import fit_line
-from .gemm import pass_s
+from .gemm import layer_products, pass_s
 from .layers import Gemm, Layer  # noqa: F401 (sim.costs.Layer, as before)
 from .network import Network
+
+
+# an FP8 product's operand, per element: its absolute maximum read (2 bytes), then read
+# again and written in one byte (dynamic tensor-wise scaling, as torchao's Float8Linear)
+CAST_BYTES = 2 + 2 + 1
 
 
 # ------------------------------------------------------------------ where the seconds come from
@@ -66,6 +71,9 @@ class Roofline:
         unit = getattr(c, "matrix", None)
         again = layer.backward_gemms if factor > 1 else ()     # flash attention's scores
         if unit is not None and layer.gemms:
+            if self.net.fp8:
+                return self._fp8_matmul_s(layer, batch, shard, factor > 1) + \
+                    pass_s(unit, again, batch, shard, ab)
             return pass_s(unit, layer.gemms, batch, shard, ab, backward=factor > 1) + \
                 pass_s(unit, again, batch, shard, ab)
         matmul_bytes = (layer.params * ab + (layer.out_elems + _in_elems(self.net, i))
@@ -73,6 +81,28 @@ class Roofline:
         return factor * max(layer.flops * batch / shard / c.flops,
                             matmul_bytes / c.memory_bandwidth_Bps) + \
             sum(g.flops for g in again) * batch / shard / c.flops
+
+    def _fp8_matmul_s(self, layer, batch: float, shard: int, backward: bool) -> float:
+        """Float8 training: the products with weights on the FP8 unit, 1-byte operands;
+        attention's products 16-bit; before each FP8 product its operands are scaled by
+        their absolute maximum and cast (per-tensor scaling, Micikevicius et al., 2022):
+        CAST_BYTES per element (read for the maximum, read again and written as one byte)
+        of the input and the weight forward, of the output's gradient backward."""
+        c, ab = self.cluster, self.net.act_bytes
+        fast = getattr(c, "fp8_matrix", None)
+        if fast is None:
+            raise ValueError(f"{getattr(c, 'name', c)!r} has no 8-bit float matrix rate "
+                             f"(Cluster.fp8_matrix): train {self.net.name!r} with fp8=False, "
+                             f"or use a cluster that has one (H100: sim.h100_nvlink)")
+        weighted = tuple(g for g in layer.gemms if g.weights)
+        plain = tuple(g for g in layer.gemms if not g.weights)
+        cast = 0.0
+        for g in weighted:
+            for m, n, k, b, a_elems in layer_products(g, batch, shard):
+                cast += m * n * b if backward else a_elems + k * n
+        return (pass_s(fast, weighted, batch, shard, 1, backward=backward)
+                + pass_s(c.matrix, plain, batch, shard, ab, backward=backward)
+                + CAST_BYTES * cast / c.memory_bandwidth_Bps)
 
     def _elementwise_bytes(self, layer, shard: int) -> float:
         """Per sample: the element-wise work tp slices, and the work every tp rank repeats

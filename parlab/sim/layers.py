@@ -106,15 +106,23 @@ class Layer:
     replicated_params: int = 0       # held whole by every tp rank (norms, row layers'
                                      # biases): sequence parallelism all-reduces their
                                      # gradients over tp (``sim.context``)
+    expert_params: int = 0           # of ``params``, the experts' (a mixture-of-experts
+                                     # block): expert parallelism spreads them over ep ranks
+    routed_elems: float = 0.0        # the activations an expert-parallel block sends to
+                                     # its experts per pass (tokens x top_k x h), per sample
 
     def __post_init__(self):
         owner = f"Layer {self.name!r}"
         count(owner, "params", self.params, minimum=0)
         count(owner, "tp_all_reduces", self.tp_all_reduces, minimum=0)
         count(owner, "replicated_params", self.replicated_params, minimum=0)
+        count(owner, "expert_params", self.expert_params, minimum=0)
+        if self.expert_params > self.params:
+            raise ValueError(f"{owner}: expert_params={self.expert_params} is more than its "
+                             f"params={self.params}")
         for name in ("flops", "out_elems", "saved_elems", "elementwise_bytes",
                      "replicated_bytes", "saved_replicated_elems", "attention_elems",
-                     "attention_bytes"):
+                     "attention_bytes", "routed_elems"):
             amount(owner, name, getattr(self, name))
         if not all(isinstance(g, Gemm) for g in self.gemms + self.backward_gemms):
             raise ValueError(f"{owner}: gemms must be Gemm, got {self.gemms!r}")

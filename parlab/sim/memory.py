@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import counted
+from .blocks import ring_attention
 from .costs import Network, Roofline
 from ..pipeline import virtual_stage
 from .program import CHUNKED, Mesh, Stage, divides, stage_layers, stage_orders
@@ -105,8 +106,14 @@ def memory_per_device(net: Network, batch: int, *, dp: int = 1, tp: int = 1, pp:
                       micro_batches: int = 1, schedule: str = "1f1b", chunks: int | None = None,
                       scheme: str = "column_row", bounds=None, cluster=None,
                       costs=None, zero: int = 0, recompute=None,
-                      sequence_parallel: bool = False) -> list[Memory]:
+                      sequence_parallel: bool = False, cp: int = 1, ep: int = 1) -> list[Memory]:
     """Memory of each pipeline stage's device (every dp replica and tp rank alike).
+
+    cp: context parallelism, each sequence split over cp ranks: every per-position tensor
+    kept is 1/cp as large, attention keeps no s x s tensor (ring attention,
+    ``sim.context``), and the states are sharded over dp x cp. ep: expert parallelism,
+    a mixture-of-experts block's experts spread over ep of those ranks (their states
+    sharded over the dp x cp / ep that hold the same experts).
 
     cluster: its ``memory_bytes`` is the capacity (and, with no ``costs``, its rates
     balance the stages as the timelines do); without one, stages are balanced by FLOPs.
@@ -116,6 +123,10 @@ def memory_per_device(net: Network, batch: int, *, dp: int = 1, tp: int = 1, pp:
     """
     batch, dp, tp, pp = (counted(batch, "batch"), counted(dp, "dp"), counted(tp, "tp"),
                          counted(pp, "pp"))
+    cp, ep = counted(cp, "cp"), counted(ep, "ep")
+    if (dp * cp) % ep:
+        raise ValueError(f"ep={ep} must divide dp x cp = {dp * cp} (the experts spread over "
+                         f"data-parallel ranks)")
     m = counted(micro_batches, "micro_batches")
     if chunks is None:
         chunks = CHUNKED.get(schedule, 1) if pp > 1 else 1
@@ -124,7 +135,8 @@ def memory_per_device(net: Network, batch: int, *, dp: int = 1, tp: int = 1, pp:
     if recompute is not None or sequence_parallel:
         net = net.trained(recompute=recompute or net.recompute,
                           sequence_parallel=sequence_parallel or net.sequence_parallel)
-    mb = divides(divides(batch, dp, "data-parallel replicas"), m, "micro-batches")
+    mb = divides(divides(batch, dp, "data-parallel replicas"), m, "micro-batches") / cp
+    kept_net = ring_attention(net) if cp > 1 else net
     capacity = cluster.memory_bytes if cluster is not None else float("inf")
     if costs is None:
         costs = Roofline(net, cluster) if cluster is not None else _FlopCosts(net)
@@ -136,19 +148,24 @@ def memory_per_device(net: Network, batch: int, *, dp: int = 1, tp: int = 1, pp:
     for s in range(pp):
         parts = [Stage(net, costs, cuts[virtual_stage(s, c, pp, placement)], mesh, scheme)
                  for c in range(chunks)]
-        params = sum(p.params() for p in parts)
-        per_chunk = [sum(net.kept_elems(i, p._sliced(i), tp) for i in p.layers)
+        experts = sum(net.layers[i].expert_params / p._sliced(i) for p in parts
+                      for i in p.layers)
+        params = sum(p.params() for p in parts) - experts * (1 - 1 / ep)
+        per_chunk = [sum(kept_net.kept_elems(i, p._sliced(i), tp) for i in p.layers)
                      * mb * net.act_bytes for p in parts]
         acts = _peak_activations(ops[s], per_chunk)
         if net.recompute == "full":     # one layer's activations, rebuilt for its backward
-            acts += max(net.kept_elems(i, p._sliced(i), tp, rebuilt=True)
+            acts += max(kept_net.kept_elems(i, p._sliced(i), tp, rebuilt=True)
                         for p in parts for i in p.layers) * mb * net.act_bytes
         largest = max(net.layers[i].params / p._sliced(i) for p in parts for i in p.layers)
         buffers = 2 * largest * st["params"] if zero == 3 and dp > 1 else 0.0
         # PipeDream stashes a version of the weights per micro-batch in flight, p - s on
         # stage s (Narayanan et al., 2019, section 3.3)
         stash = pp - s if schedule == "pipedream" else 1
-        kept = sharded_states(params, st, dp, zero)
+        kept = sharded_states(params - experts / ep, st, dp * cp, zero)
+        if experts:
+            mine = sharded_states(experts / ep, st, dp * cp // ep, zero)
+            kept = {k: kept[k] + mine[k] for k in kept}
         out.append(Memory(f"stage {s}" if pp > 1 else "each device",
                           stash * kept["params"], kept["grads"], kept["optimizer"], acts,
                           capacity, buffers))

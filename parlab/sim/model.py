@@ -89,6 +89,7 @@ class Cluster:
     cores: int = 0                  # processors the devices share (0: each its own, GPUs)
     matrix: MatrixUnit | None = None    # prices matrix products by shape (sim.gemm); None:
                                         # flops for all of them
+    fp8_matrix: MatrixUnit | None = None  # 8-bit float products (Hopper on); None: none
     nics_per_node: int = 0          # network cards a node's collectives spread over (0: one
                                     # per device, as DGX nodes have); sim.collectives
     nvls: bool = False              # NVLink SHARP: the NVSwitch reduces (H100 nodes)

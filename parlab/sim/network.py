@@ -47,6 +47,10 @@ class Network:
     skips: tuple = ()                # (producer, consumer): layer j also reads layer i's output
     recompute: str | None = None     # activation recomputation: None, "selective", "full"
     sequence_parallel: bool = False  # tp ranks split the work they would repeat
+    # Float8 training (Micikevicius et al., 2022, "FP8 formats for deep learning"): the
+    # products with weights run at the device's FP8 rate (``Cluster.fp8_matrix``), their
+    # inputs scaled and cast first; attention's products stay 16-bit (``sim.costs``)
+    fp8: bool = False
 
     def __post_init__(self):
         owner = f"Network {self.name!r}"
@@ -159,14 +163,15 @@ class Network:
     @classmethod
     def llama(cls, name: str, layers: int, hidden: int, heads: int, seq: int, vocab: int = 0,
               *, kv_heads: int | None = None, ffn: int | None = None, tied: bool = False,
-              flash: bool = True) -> "Network":
+              flash: bool = True, experts: int = 1, top_k: int = 1) -> "Network":
         """A Llama-style decoder (Touvron et al., 2023): grouped-query attention with
         ``kv_heads`` key-value heads, a gated (SwiGLU) MLP of ``ffn`` units, RMSNorm, rotary
         embeddings, no biases, no dropout, flash attention; untied input and output
-        matrices. E.g. Llama 2 7B: 32 layers, 4096, 32 heads, ffn 11008, vocab 32000."""
+        matrices. E.g. Llama 2 7B: 32 layers, 4096, 32 heads, ffn 11008, vocab 32000.
+        experts, top_k: mixture-of-experts MLPs (``sim.blocks.block``)."""
         return cls.decoder(name, layers, hidden, heads, seq, vocab, kv_heads=kv_heads,
                            ffn=ffn, gated=True, norm="rmsnorm", bias=False, dropout=False,
-                           rotary=True, flash=flash, tied=tied)
+                           rotary=True, flash=flash, tied=tied, experts=experts, top_k=top_k)
 
     @classmethod
     def decoder(cls, name: str, layers: int, hidden: int, heads: int, seq: int,

@@ -24,15 +24,24 @@ node, over every network card across nodes, NVLink SHARP):
   parameters gathered for the forward and again for the backward, the gradients
   reduce-scattered (1.5x the traffic, the ZeRO paper, section 7.2.1); ``sharding="hsdp"``
   shards within a node and all-reduces the shards across nodes (PyTorch's HYBRID_SHARD).
+  Over dp x cp ranks with context parallelism; a mixture of experts' expert weights over
+  the dp x cp / ep ranks that hold the same experts.
 * ``overlap_dp``: hidden behind compute, as far as it goes: plain data parallel behind
   the last micro-batch's backward (2/3 of its slot: gradients accumulate over the
   others, DDP's no_sync), ZeRO 1/2 behind that backward and the next step's first
-  forward (a whole slot: Megatron-Core's overlapped reduce and parameter gather), ZeRO-3
-  behind every pass (FSDP's prefetch); but the last of the workload's ``dp_messages``
-  buckets is only ready when the backward ends, and its exchange always shows.
+  forward (a whole slot: Megatron-Core's overlapped reduce and parameter gather); but
+  the last of the workload's ``dp_messages`` buckets is only ready when the backward
+  ends, and its exchange always shows. ZeRO-3 of a ``Network`` goes layer by layer: one
+  gather or scatter per layer and pass, each with its own ring latencies, prefetched one
+  layer ahead (``summary_terms.fsdp_exposed_s``); what the compute cannot cover shows.
 * ``overlap_tp``: each layer's tensor-parallel collectives run behind its own compute
   (communication split under the matrix products, as Transformer Engine does) and only
   what exceeds it shows.
+
+* ``Plan(cp=)``: context parallelism: each rank computes 1/cp of every sequence, and
+  ring attention's passes of keys and values show where they outlast the attention they
+  hide behind (part "cp"); ``Plan(ep=)``: a mixture of experts' experts spread over ep
+  ranks, their all-to-alls in part "ep" (``summary_terms``; a ``Network`` workload only).
 
 The update: the device's parameters (its 1/N under ZeRO) read and written at the memory
 bandwidth. Everything here is a PREDICTION.
@@ -44,10 +53,12 @@ from dataclasses import dataclass, field
 
 from ..split import check_bounds
 from .checks import count
+from .costs import Roofline
 from .collectives import (all_reduce_time, cards_per_device, describe, half_ring_time,
                           members_per_node, spans_nodes)
 from .links import Link, send_s
 from .sharding import check_zero, sharded_states
+from .summary_terms import all_to_all_s, fsdp_exposed_s, ring_passes_s
 
 AXES = ("dp", "pp", "tp")      # the default order: tensor parallel innermost (fastest)
 SHARDINGS = ("", "fsdp", "hsdp")
@@ -55,9 +66,12 @@ SHARDINGS = ("", "fsdp", "hsdp")
 
 @dataclass(frozen=True)
 class Plan:
-    """A mesh shape: dp × pp × tp devices, m micro-batches, and the axes' order.
+    """A mesh shape: dp × pp × tp (× cp) devices, m micro-batches, and the axes' order.
 
     order: outermost first, the last varying fastest (innermost, the fastest links).
+    cp: context parallelism, each sequence split over cp ranks placed just outside tp
+    (Megatron-Core's order tp, cp, dp, pp). ep: expert parallelism, the experts of a
+    mixture-of-experts layer spread over ep of the dp x cp ranks (which divide by it).
     """
 
     dp: int = 1
@@ -65,25 +79,36 @@ class Plan:
     pp: int = 1
     micro_batches: int = 1
     order: tuple = AXES
+    cp: int = 1
+    ep: int = 1
 
     def __post_init__(self):
-        for name in ("dp", "tp", "pp", "micro_batches"):
+        for name in ("dp", "tp", "pp", "micro_batches", "cp", "ep"):
             count("Plan", name, getattr(self, name))
         if sorted(self.order) != sorted(AXES):
             raise ValueError(f"Plan: order must name each of {AXES} once (outermost first), "
                              f"got {self.order!r}")
+        if (self.dp * self.cp) % self.ep:
+            raise ValueError(f"Plan: ep={self.ep} must divide dp x cp = {self.dp * self.cp} "
+                             f"(the experts spread over data-parallel ranks)")
 
     @property
     def devices(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
 
     def span(self, axis: str) -> int:
-        """Consecutive devices covered by a group of ``axis`` and every faster axis."""
+        """Consecutive devices covered by a group of ``axis`` and every faster axis (cp
+        sits just outside tp)."""
+        if axis == "cp":
+            return self.span("tp") * self.cp
         i = self.order.index(axis)
-        return math.prod(getattr(self, a) for a in self.order[i:])
+        inner = self.order[i:]
+        return math.prod(getattr(self, a) for a in inner) * (
+            self.cp if "tp" in inner and axis != "tp" else 1)
 
     def label(self) -> str:
-        used = [f"{a} {getattr(self, a)}" for a in self.order if getattr(self, a) > 1]
+        used = [f"{a} {getattr(self, a)}" for a in (*self.order, "cp", "ep")
+                if getattr(self, a) > 1]
         return " × ".join(used) or "one device"
 
 
@@ -118,33 +143,52 @@ def predict(w, c, plan: Plan, global_batch: int, *, overlap_dp: bool = False, ze
     if sharding not in SHARDINGS:
         raise ValueError(f"sharding must be one of {SHARDINGS}, got {sharding!r}")
     b = global_batch // plan.dp                  # the replica's samples
-    m, p, t = plan.micro_batches, plan.pp, plan.tp
+    m, p, t, cp = plan.micro_batches, plan.pp, plan.tp, plan.cp
     v = count("predict", "chunks", chunks)      # checked with or without a pipeline
     v = v if p > 1 else 1
+    net = w.network
+    if (cp > 1 or plan.ep > 1) and net is None:
+        raise ValueError("context and expert parallelism need a workload made from a "
+                         "Network (sim.Workload.of(net)): its layers say what they split")
     link = {a: c.link(plan.span(a)) for a in plan.order}
-    stride = {a: plan.span(a) // getattr(plan, a) for a in plan.order}
-    dev = _devices(w, c, b / m, t, p, v, bounds, stride["tp"])
+    stride = {a: plan.span(a) // getattr(plan, a) for a in (*plan.order, "cp")}
+    mb = b / m / cp                              # each rank's share of a micro-batch
+    dev = _devices(w, c, mb, t, p, v, bounds, stride["tp"], plan.ep)
     busiest = max(range(p), key=lambda d: dev["compute"][d] + dev["tp"][d])
     slot_c, slot_t = dev["compute"][busiest], dev["tp"][busiest]
     if overlap_tp:
         slot_t = max(0.0, slot_t - slot_c)
     mean = sum(dev["compute"][d] + dev["tp"][d] for d in range(p)) / p
     parts = {"compute": m * slot_c, "bubble": (p - 1) / v * mean, "tp": m * slot_t}
-    parts["pp"] = 0.0 if p == 1 else (m + p - 1) * 2 * v * _boundary_s(w, c, b / m, t, link,
+    parts["pp"] = 0.0 if p == 1 else (m + p - 1) * 2 * v * _boundary_s(w, c, mb, t, link,
                                                                            stride["tp"])
+    mine = dev["layers"][busiest]
+    if cp > 1 or plan.ep > 1:
+        r = Roofline(net, c)
+        parts["cp"] = m * ring_passes_s(r, mine, mb, t, cp, c, stride["cp"])
+        parts["ep"] = m * all_to_all_s(net, mine, mb, t, plan.ep, c, stride["dp"])
     params = dev["params"][busiest]              # on one tp rank of the busiest stage
-    dp_s, shards = _data_parallel_s(w, c, plan, params, m, zero, sharding, stride["dp"])
+    experts = dev["experts"][busiest]            # of which the experts' (1/ep of them)
+    n, dp_stride = plan.dp * cp, stride["cp"] if cp > 1 else stride["dp"]
+    dp_s, shards = _data_parallel_s(w, c, n, params - experts, m, zero, sharding, dp_stride)
+    if experts:                                  # reduced over the ranks holding the same ones
+        e_s, _ = _data_parallel_s(w, c, n // plan.ep, experts, m, zero, sharding,
+                                  dp_stride * plan.ep)
+        dp_s += e_s
     window = {0: 2 / 3 * (slot_c + slot_t), 1: slot_c + slot_t, 2: slot_c + slot_t,
               3: m * (slot_c + slot_t)}[zero]
     # the last bucket's exchange (ZeRO 1/2: and the first one's gather) starts only when
     # the backward has made it: it never hides (w.dp_messages buckets of equal size)
     tail = dp_s / w.dp_messages if zero < 3 else 0.0
     parts["dp"] = max(tail, dp_s - window) if overlap_dp else dp_s
-    net = w.network
+    # FSDP layer by layer (with experts, whose weights shard over fewer ranks than the
+    # rest: the rings over all of them above)
+    if zero == 3 and overlap_dp and net is not None and n > 1 and not experts:
+        parts["dp"] = m * _fsdp_s(net, c, mine, mb, t, n, sharding, dp_stride)
     if net is not None:
         parts["update"] = c.layer_overhead_s + params / (shards if zero else 1) * \
             net.update_bytes / c.memory_bandwidth_Bps
-    memory = _memory(w, plan, b / m, params, zero, shards)
+    memory = _memory(w, plan, b / m / cp, params, zero, shards, experts)
     used = [a for a in plan.order if getattr(plan, a) > 1]
     where = {a: ("inter" if (link[a] is not c.intra if a == "pp" else
                              spans_nodes(c, getattr(plan, a), stride[a])) else "intra")
@@ -155,16 +199,17 @@ def predict(w, c, plan: Plan, global_batch: int, *, overlap_dp: bool = False, ze
     return Prediction(plan, memory, memory["total"] <= c.memory_bytes, parts, where, paths)
 
 
-def _devices(w, c, mb: float, t: int, p: int, v: int, bounds, tp_stride: int = 1) -> dict:
-    """Per pipeline device, one micro-batch's compute and tp seconds and its parameters
-    (on one tp rank)."""
+def _devices(w, c, mb: float, t: int, p: int, v: int, bounds, tp_stride: int = 1,
+             ep: int = 1) -> dict:
+    """Per pipeline device, one micro-batch's compute and tp seconds, its parameters (on
+    one tp rank; the experts' 1/ep of them), the experts' part, and its layers."""
     net = w.network
     if net is None:                              # numbers only: FLOPs at the rate
         comp = w.flops_per_sample * mb / t / c.flops + 2 * w.layers * c.layer_overhead_s
         tp = 0.0 if t == 1 else w.tp_messages * all_reduce_time(
             c, w.tp_bytes * mb / w.tp_messages, t, tp_stride)
-        return {"compute": [comp / p] * p, "tp": [tp / p] * p, "params": [w.params / (t * p)] * p}
-    from .costs import Roofline
+        return {"compute": [comp / p] * p, "tp": [tp / p] * p,
+                "params": [w.params / (t * p)] * p, "experts": [0.0] * p, "layers": [[]] * p}
     r = Roofline(net, c)
     comp, tps = [], []
     paired = [i for i, x in enumerate(net.layers) if not x.tp_all_reduces]
@@ -176,15 +221,21 @@ def _devices(w, c, mb: float, t: int, p: int, v: int, bounds, tp_stride: int = 1
             s += r.recompute_s(i, mb, t)
         comp.append(s)
         tps.append(_layer_tp_s(net, c, i, mb, t, paired, tp_stride))
-    sizes = [x.params / t for x in net.layers]
+    experts = [x.expert_params / (t * ep) for x in net.layers]
+    sizes = [(x.params - x.expert_params) / t + e for x, e in zip(net.layers, experts)]
     if bounds is None:
         return {"compute": [sum(comp) / p] * p, "tp": [sum(tps) / p] * p,
-                "params": [sum(sizes) / p] * p}
+                "params": [sum(sizes) / p] * p, "experts": [sum(experts) / p] * p,
+                "layers": [list(range(len(net)))] * p if p == 1 else
+                [list(range(d * len(net) // p, (d + 1) * len(net) // p)) for d in range(p)]}
     edges = [0, *check_bounds(bounds, len(net), p * v), len(net)]
-    out = {"compute": [0.0] * p, "tp": [0.0] * p, "params": [0.0] * p}
+    out = {"compute": [0.0] * p, "tp": [0.0] * p, "params": [0.0] * p, "experts": [0.0] * p,
+           "layers": [[] for _ in range(p)]}
     for k, (a, z) in enumerate(zip(edges, edges[1:])):
-        for key, values in (("compute", comp), ("tp", tps), ("params", sizes)):
+        for key, values in (("compute", comp), ("tp", tps), ("params", sizes),
+                            ("experts", experts)):
             out[key][k % p] += sum(values[a:z])
+        out["layers"][k % p] += list(range(a, z))
     return out
 
 
@@ -222,11 +273,23 @@ def _boundary_s(w, c, mb: float, t: int, link: dict, tp_stride: int = 1) -> floa
     return send_s(nbytes / t, pp) + half_ring_time(c, nbytes, t, tp_stride)
 
 
-def _data_parallel_s(w, c, plan: Plan, params: float, m: int, zero: int, sharding: str,
+def _fsdp_s(net, c, layers, mb: float, t: int, n: int, sharding: str, stride: int) -> float:
+    """FSDP's collectives that show in one micro-batch, layer by layer
+    (``summary_terms.fsdp_exposed_s``); HSDP: sharded within a node, each layer's
+    gradient shard all-reduced across nodes after its reduce-scatter."""
+    g = members_per_node(c, n, stride) if sharding == "hsdp" else n
+    sizes = [net.layers[i].params / t for i in layers]
+    gather = [half_ring_time(c, x * net.state["params"], g, stride) for x in sizes]
+    scatter = [half_ring_time(c, x * net.grad_wire_bytes, g, stride) for x in sizes]
+    across = [all_reduce_time(c, x * net.grad_wire_bytes / g, n // g, stride * g)
+              for x in sizes] if g < n else None
+    return fsdp_exposed_s(Roofline(net, c), layers, mb, t, gather, scatter, across)
+
+
+def _data_parallel_s(w, c, n: int, params: float, m: int, zero: int, sharding: str,
                      stride: int) -> tuple[float, int]:
-    """(seconds of the step's data-parallel collectives, ranks the states are sharded
-    over): see the module doc."""
-    n = plan.dp
+    """(seconds of the step's data-parallel collectives over n ranks, ranks the states
+    are sharded over): see the module doc."""
     if n == 1:
         return 0.0, 1
     grads = params * w.grad_bytes_per_param
@@ -243,13 +306,16 @@ def _data_parallel_s(w, c, plan: Plan, params: float, m: int, zero: int, shardin
     return s, g
 
 
-def _memory(w, plan: Plan, mb: float, params: float, zero: int, shards: int) -> dict:
-    """Bytes per device: the states of its parameters (sharded by ZeRO), the activations
-    of the micro-batches in flight (1F1B: at most p on the first stage) / pp, their
+def _memory(w, plan: Plan, mb: float, params: float, zero: int, shards: int,
+            experts: float = 0.0) -> dict:
+    """Bytes per device: the states of its parameters (sharded by ZeRO; of them the
+    experts' over the ranks that hold the same experts), the activations of the (per-rank
+    share of the) micro-batches in flight (1F1B: at most p on the first stage) / pp, their
     tp-split part / tp."""
     net = w.network
     if net is not None:
-        states = sum(sharded_states(params, net.state, shards, zero).values())
+        states = sum(sharded_states(params - experts, net.state, shards, zero).values()) + \
+            sum(sharded_states(experts, net.state, max(1, shards // plan.ep), zero).values())
     else:
         states = params * w.state_bytes_per_param
     in_flight = mb * min(plan.pp, plan.micro_batches)
