@@ -71,7 +71,7 @@ class Roofline:
         unit = getattr(c, "matrix", None)
         again = layer.backward_gemms if factor > 1 else ()     # flash attention's scores
         if unit is not None and layer.gemms:
-            if self.net.fp8:
+            if self.net.fp8 and layer.name != "head":
                 return self._fp8_matmul_s(layer, batch, shard, factor > 1) + \
                     pass_s(unit, again, batch, shard, ab)
             return pass_s(unit, layer.gemms, batch, shard, ab, backward=factor > 1) + \
@@ -84,7 +84,8 @@ class Roofline:
 
     def _fp8_matmul_s(self, layer, batch: float, shard: int, backward: bool) -> float:
         """Float8 training: the products with weights on the FP8 unit, 1-byte operands;
-        attention's products 16-bit; before each FP8 product its operands are scaled by
+        attention's products 16-bit, and the logits' (the head: torchtitan's Float8 leaves
+        the output layer out); before each FP8 product its operands are scaled by
         their absolute maximum and cast (per-tensor scaling, Micikevicius et al., 2022):
         CAST_BYTES per element (read for the maximum, read again and written as one byte)
         of the input and the weight forward, of the output's gradient backward."""

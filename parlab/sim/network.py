@@ -49,7 +49,8 @@ class Network:
     sequence_parallel: bool = False  # tp ranks split the work they would repeat
     # Float8 training (Micikevicius et al., 2022, "FP8 formats for deep learning"): the
     # products with weights run at the device's FP8 rate (``Cluster.fp8_matrix``), their
-    # inputs scaled and cast first; attention's products stay 16-bit (``sim.costs``)
+    # inputs scaled and cast first; attention's and the logits' products stay 16-bit
+    # (``sim.costs``)
     fp8: bool = False
 
     def __post_init__(self):
