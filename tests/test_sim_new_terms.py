@@ -22,18 +22,7 @@ def flat_cluster(devices: int = 8) -> sim.Cluster:
     return sim.Cluster("hand", devices, 80e9, 1e12, 0.0, 8, link, link)
 
 
-class ThreeLayers:
-    """A stand-in for ``costs.Roofline``: every layer 1 s forward, 2 s backward."""
-
-    class net:
-        recompute = None
-
-    def forward_s(self, i, mb, t):
-        return 1.0
-
-    def backward_s(self, i, mb, t):
-        return 2.0
-
+FWD, BWD = [1.0] * 3, [2.0] * 3                 # three layers: 1 s forward, 2 s backward
 
 # ------------------------------------------------------------------ FSDP, layer by layer
 def test_fsdp_shows_each_pass_first_gather_and_the_last_scatter():
@@ -42,7 +31,7 @@ def test_fsdp_shows_each_pass_first_gather_and_the_last_scatter():
     # backward: gather 2 again (3.5-4.0), layer 2 (4.0-6.0); gather 1 (4.0-4.5), layer 1
     # (6.0-8.0); scatter 2 (6.0-6.5), gather 0 (6.5-7.0), layer 0 (8.0-10.0); scatter 1
     # (8.0-8.5), scatter 0 (10.0-10.5). 10.5 s against 9 s of compute.
-    assert fsdp_exposed_s(ThreeLayers(), [0, 1, 2], 1, 1, [0.5] * 3, [0.5] * 3) == \
+    assert fsdp_exposed_s(FWD, BWD, [0.5] * 3, [0.5] * 3) == \
         pytest.approx(1.5)
 
 
@@ -51,14 +40,14 @@ def test_fsdp_collectives_longer_than_the_compute_show_in_full():
     # 7, 10); backward gather 2 (10-13), layer 2 (13-15); gather 1 (13-16), layer 1
     # (16-18); scatter 2 (16-17), gather 0 (17-20), layer 0 (20-22); scatter 1 (20-21),
     # scatter 0 (22-23): 23 s against 9 s of compute
-    assert fsdp_exposed_s(ThreeLayers(), [0, 1, 2], 1, 1, [3.0] * 3, [1.0] * 3) == \
+    assert fsdp_exposed_s(FWD, BWD, [3.0] * 3, [1.0] * 3) == \
         pytest.approx(23.0 - 9.0)
 
 
 def test_hsdp_all_reduces_across_nodes_run_on_their_own_stream():
     # as the first case; each 3 s all-reduce follows its scatter: 6.5-9.5, 9.5-12.5,
     # 12.5-15.5
-    assert fsdp_exposed_s(ThreeLayers(), [0, 1, 2], 1, 1, [0.5] * 3, [0.5] * 3,
+    assert fsdp_exposed_s(FWD, BWD, [0.5] * 3, [0.5] * 3,
                           [3.0] * 3) == pytest.approx(15.5 - 9.0)
 
 

@@ -184,7 +184,7 @@ def predict(w, c, plan: Plan, global_batch: int, *, overlap_dp: bool = False, ze
     # FSDP layer by layer (with experts, whose weights shard over fewer ranks than the
     # rest: the rings over all of them above)
     if zero == 3 and overlap_dp and net is not None and n > 1 and not experts:
-        parts["dp"] = m * _fsdp_s(net, c, mine, mb, t, n, sharding, dp_stride)
+        parts["dp"] = m * _fsdp_s(net, c, dev, mine, t, n, sharding, dp_stride)
     if net is not None:
         parts["update"] = c.layer_overhead_s + params / (shards if zero else 1) * \
             net.update_bytes / c.memory_bandwidth_Bps
@@ -211,26 +211,29 @@ def _devices(w, c, mb: float, t: int, p: int, v: int, bounds, tp_stride: int = 1
         return {"compute": [comp / p] * p, "tp": [tp / p] * p,
                 "params": [w.params / (t * p)] * p, "experts": [0.0] * p, "layers": [[]] * p}
     r = Roofline(net, c)
-    comp, tps = [], []
+    fwd, bwd, tps = [], [], []
     paired = [i for i, x in enumerate(net.layers) if not x.tp_all_reduces]
     for i in range(len(net)):
-        s = r.forward_s(i, mb, t) + r.backward_s(i, mb, t)
+        s = r.backward_s(i, mb, t)
         if net.recompute == "full":
             s += r.forward_s(i, mb, t)
         elif net.recompute == "selective":
             s += r.recompute_s(i, mb, t)
-        comp.append(s)
+        fwd.append(r.forward_s(i, mb, t))
+        bwd.append(s)
         tps.append(_layer_tp_s(net, c, i, mb, t, paired, tp_stride))
+    comp = [f + b for f, b in zip(fwd, bwd)]
     experts = [x.expert_params / (t * ep) for x in net.layers]
     sizes = [(x.params - x.expert_params) / t + e for x, e in zip(net.layers, experts)]
+    passes = {"fwd": fwd, "bwd": bwd}        # per layer (forward, backward with recomputation)
     if bounds is None:
-        return {"compute": [sum(comp) / p] * p, "tp": [sum(tps) / p] * p,
+        return {**passes, "compute": [sum(comp) / p] * p, "tp": [sum(tps) / p] * p,
                 "params": [sum(sizes) / p] * p, "experts": [sum(experts) / p] * p,
                 "layers": [list(range(len(net)))] * p if p == 1 else
                 [list(range(d * len(net) // p, (d + 1) * len(net) // p)) for d in range(p)]}
     edges = [0, *check_bounds(bounds, len(net), p * v), len(net)]
-    out = {"compute": [0.0] * p, "tp": [0.0] * p, "params": [0.0] * p, "experts": [0.0] * p,
-           "layers": [[] for _ in range(p)]}
+    out = {**passes, "compute": [0.0] * p, "tp": [0.0] * p, "params": [0.0] * p,
+           "experts": [0.0] * p, "layers": [[] for _ in range(p)]}
     for k, (a, z) in enumerate(zip(edges, edges[1:])):
         for key, values in (("compute", comp), ("tp", tps), ("params", sizes),
                             ("experts", experts)):
@@ -273,7 +276,7 @@ def _boundary_s(w, c, mb: float, t: int, link: dict, tp_stride: int = 1) -> floa
     return send_s(nbytes / t, pp) + half_ring_time(c, nbytes, t, tp_stride)
 
 
-def _fsdp_s(net, c, layers, mb: float, t: int, n: int, sharding: str, stride: int) -> float:
+def _fsdp_s(net, c, dev: dict, layers, t: int, n: int, sharding: str, stride: int) -> float:
     """FSDP's collectives that show in one micro-batch, layer by layer
     (``summary_terms.fsdp_exposed_s``); HSDP: sharded within a node, each layer's
     gradient shard all-reduced across nodes after its reduce-scatter."""
@@ -283,7 +286,8 @@ def _fsdp_s(net, c, layers, mb: float, t: int, n: int, sharding: str, stride: in
     scatter = [half_ring_time(c, x * net.grad_wire_bytes, g, stride) for x in sizes]
     across = [all_reduce_time(c, x * net.grad_wire_bytes / g, n // g, stride * g)
               for x in sizes] if g < n else None
-    return fsdp_exposed_s(Roofline(net, c), layers, mb, t, gather, scatter, across)
+    return fsdp_exposed_s([dev["fwd"][i] for i in layers], [dev["bwd"][i] for i in layers],
+                          gather, scatter, across)
 
 
 def _data_parallel_s(w, c, n: int, params: float, m: int, zero: int, sharding: str,

@@ -35,24 +35,15 @@ from .gemm import pass_s
 from .links import send_s
 
 
-def fsdp_exposed_s(r, layers, mb: float, t: int, gather: list, scatter: list,
+def fsdp_exposed_s(fwd: list, bwd: list, gather: list, scatter: list,
                    across: list | None = None) -> float:
-    """Seconds FSDP's collectives add to one micro-batch of the device's ``layers``
-    (indices), given each layer's gather and (gradient) scatter seconds; across: HSDP's
+    """Seconds FSDP's collectives add to one micro-batch of the device's layers, given, in
+    forward order, each layer's forward and backward seconds (recomputation included) and
+    its gather and (gradient) scatter seconds; across: HSDP's
     all-reduce of each layer's gradient shard between nodes, on a stream of its own (its
     own communicator, over the network cards) after that layer's scatter (see the module
     doc)."""
-    net = r.net
-    fwd = [r.forward_s(i, mb, t) for i in layers]
-    bwd = []
-    for i in layers:
-        s = r.backward_s(i, mb, t)
-        if net.recompute == "full":
-            s += r.forward_s(i, mb, t)
-        elif net.recompute == "selective":
-            s += r.recompute_s(i, mb, t)
-        bwd.append(s)
-    k = len(layers)
+    k = len(fwd)
     comm = 0.0          # when the collective stream is free
     done = []           # when each layer's forward ends
     for j in range(k):
