@@ -162,3 +162,13 @@ def test_the_sp_mlp_reference_equals_the_whole_mlp_on_one_rank():
     out = parlab.launch(lab10_exercises._mlp_ranks, 1, args=(sp_mlp,), timeout=60)
     got = out.results[0]
     np.testing.assert_allclose(got["got"], got["want"], atol=1e-5)
+
+
+def test_the_ring_at_scale_says_what_the_lab_reads_from_it():
+    """The text: at 1,024 and 4,096 tokens a pass outlasts the attention beside it and the
+    ranks wait; from 16,384 on it hides completely (predicted, ``sim.hybrid``)."""
+    rows = {r["seq"]: r for r in lab10.ring_at_scale()}
+    for seq in (1024, 4096):
+        assert rows[seq]["pass_s"] > rows[seq]["beside_s"] and rows[seq]["waited_s"] > 0
+    for seq in (16384, 65536):
+        assert rows[seq]["pass_s"] < rows[seq]["beside_s"] and rows[seq]["waited_s"] == 0

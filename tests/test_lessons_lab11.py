@@ -117,3 +117,17 @@ def test_expert_parallelism_from_a_trained_router_routes_as_that_router_does():
     model.load_state_dict({k: torch.as_tensor(v) for k, v in start.items()}, strict=False)
     _, _, per_expert = model(x)
     assert run.results[0]["per_expert"][0] == per_expert.tolist()
+
+
+def test_the_experts_at_scale_say_what_the_lab_reads_from_them():
+    """The text: spreading the experts cuts memory and the step, the all-to-alls grow with
+    ep, only tp 2 fits 80 GB, and there the all-to-alls take a larger share (predicted)."""
+    rows = lab11.ep_at_scale()
+    one_node = rows[:3]
+    assert [r["layout"] for r in rows][-1] == "dp 8 × ep 8 × tp 2" and rows[-1]["nodes"] == 2
+    for a, b in zip(one_node, one_node[1:]):
+        assert b["memory"] < a["memory"] and b["step_s"] < a["step_s"]
+        assert b["all_to_all_s"] > a["all_to_all_s"]
+    assert [r["memory"] <= 80e9 for r in rows] == [False, False, False, True]
+    share = [r["all_to_all_s"] / r["step_s"] for r in rows]
+    assert share[-1] == max(share) and share[0] == 0

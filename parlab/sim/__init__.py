@@ -96,7 +96,10 @@ takes ``(net, cluster, batch, ..., steps=1, costs=None)``:
     ``data_parallel(devices=2, buckets=1 | n | "per_tensor", overlap=True, zero=0)``
     ``parameter_server(workers=2, mode="sync" | "async", slow={rank: factor})``  lab 06
     ``hybrid(dp=2, tp=1, pp=1, micro_batches=None, schedule=, chunks=2, zero=0,
-             sequence_parallel=False, bounds=None)``       lab 07
+             sequence_parallel=False, bounds=None, cp=1, ep=1)``   lab 07 (cp: ring
+             attention's K/V passes on each rank's second lane; ep: two all-to-alls a
+             mixture-of-experts block and pass; without a pipeline the same step as
+             ``predict``'s, to rounding)
     and all but the parameter server ``recompute=None | "selective" | "full"``.
     ``timeline(name, net, cluster, batch, **options)`` dispatches by name (``STRATEGIES``).
 

@@ -129,8 +129,8 @@ class Collective:
 
     @property
     def passes(self) -> int:
-        """Passes round the ring: an all-reduce's two (reduce-scatter, all-gather), or one."""
-        return 1 if self.name.startswith(("all-gather", "reduce-scatter")) else 2
+        """Passes round the ring: an all-reduce's two, or one (all-to-all: one exchange)."""
+        return 1 if self.name.startswith(("all-gather", "reduce-scatter", "all-to-all")) else 2
 
 
 @dataclass(frozen=True)

@@ -68,26 +68,27 @@ def gradient_buckets(net: Network, layers, shard_params, buckets) -> list[tuple[
 
 def programs(net, cluster, costs, batch, *, dp=1, tp=1, pp=1, micro_batches=1,
               schedule="gpipe", scheme="column_row", bounds=None, buckets=1, overlap=True,
-              chunks=1, steps=1, blocking=False, phase_names=None, zero=0):
-    """Every rank's program for ``steps`` steps of a dp × pp × tp mesh, and the mesh.
+              chunks=1, steps=1, blocking=False, phase_names=None, zero=0, cp=1, ep=1):
+    """Every rank's program for ``steps`` steps of a dp × pp × cp × tp mesh, and the mesh.
 
     Each rank runs its stage's schedule (without a pipeline: its micro-batches one after
-    the other, forward then backward, accumulating gradients), its layers sliced over tp,
-    then averages its gradients over dp (ZeRO ``zero`` 1-3: ``sim.sharding``) and
-    updates the parameters it holds. Every strategy but the parameter server is a case of
-    this.
+    the other, forward then backward, accumulating gradients), its layers sliced over tp
+    (and each sequence over cp: the rank computes 1/cp of every micro-batch's tokens),
+    then averages its gradients over dp × cp (ZeRO ``zero`` 1-3: ``sim.sharding``; a
+    mixture's experts over the dp × cp / ep ranks that hold them) and updates the
+    parameters it holds. Every strategy but the parameter server is a case of this.
     """
-    mesh = Mesh(cluster, dp, pp, tp)
+    mesh = Mesh(cluster, dp, pp, tp, cp, ep)
     # every micro-batch runs a forward and a backward of each layer on each replica and
     # tp slice (and a W where the schedule splits it), and each rank updates once a step:
     # refused before anything is built
     passes = 3 if schedule in SPLIT and pp > 1 else 2
-    limits.operations("timeline", steps * dp * tp * (passes * micro_batches * len(net) + pp),
+    limits.operations("timeline", steps * dp * cp * tp * (passes * micro_batches * len(net) + pp),
                       f"steps={steps} × micro_batches={micro_batches} × {len(net)} layers "
-                      f"× {dp * tp} replica(s) and tp slice(s)")
-    zero = check_zero(zero) if dp > 1 else 0
+                      f"× {dp * cp * tp} replica(s), context parts and tp slice(s)")
+    zero = check_zero(zero) if dp * cp > 1 else 0
     replica = divides(batch, dp, "data-parallel replicas")
-    mb = divides(replica, micro_batches, "micro-batches")
+    mb = divides(replica, micro_batches, "micro-batches") / cp   # a rank's 1/cp of each
     named = phase_names or (("forward", "backward") if micro_batches == 1 else None)
     # PipeDream (Narayanan et al., 2019) never flushes: the micro-batches of every step
     # stream through one 1F1B schedule, each stage updating after each m backward passes
@@ -101,31 +102,30 @@ def programs(net, cluster, costs, batch, *, dp=1, tp=1, pp=1, micro_batches=1,
     cuts = stage_layers(net, costs, pp * chunks, bounds, mb)     # one per virtual stage
     progs = [[] for _ in range(mesh.size)]
     for _ in range(1 if stream else steps):
-        for d in range(dp):
-            for s in range(pp):
-                for t in range(tp):
-                    r = mesh.rank(d, s, t)
-                    parts = [Stage(net, costs, cuts[virtual_stage(s, c, pp, placement)], mesh,
-                                   scheme) for c in range(chunks)]
-                    split = {(i, c) for kind, i, c in ops_of[s] if kind == "W"}
-                    if zero == 3:
-                        for part in parts:
-                            part.sharder = Sharder(net, mesh, mesh.dp_group(s, t), part.layers,
-                                                   _shard_params(part), overlap)
-                    backs, begun = 0, len(progs[r])
-                    for kind, i, c in ops_of[s]:
-                        progs[r] += pipeline_op(kind, i, c, s, parts[c], mesh, d, t, pp, chunks,
-                                                 mb, named, blocking, schedule, placement,
-                                                 (i, c) in split)
-                        backs += kind == "B"
-                        if stream and kind == "B" and backs % micro_batches == 0:
-                            progs[r] += _exchange_and_update(net, parts, mesh, s, t, buckets,
-                                                             overlap, progs[r], zero, costs, dp)
-                    if not stream:
-                        progs[r] += _exchange_and_update(net, parts, mesh, s, t, buckets,
-                                                         overlap, progs[r], zero, costs, dp)
-                        if dp > 1 and overlap and zero != 3:
-                            add_ddp_wrapper(progs[r], begun, cluster)
+        for d, s, q, t in ((d, s, q, t) for d in range(dp) for s in range(pp)
+                           for q in range(cp) for t in range(tp)):
+            r = mesh.rank(d, s, t, q)
+            parts = [Stage(net, costs, cuts[virtual_stage(s, c, pp, placement)], mesh,
+                           scheme, where=(d, s, t, q)) for c in range(chunks)]
+            split = {(i, c) for kind, i, c in ops_of[s] if kind == "W"}
+            if zero == 3:
+                for part in parts:
+                    part.sharder = Sharder(net, mesh, mesh.dp_group(s, t), part.layers,
+                                           _shard_params(part), overlap)
+            backs, begun = 0, len(progs[r])
+            for kind, i, c in ops_of[s]:
+                progs[r] += pipeline_op(kind, i, c, s, parts[c], mesh, d, t, pp, chunks,
+                                         mb, named, blocking, schedule, placement,
+                                         (i, c) in split)
+                backs += kind == "B"
+                if stream and kind == "B" and backs % micro_batches == 0:
+                    progs[r] += _exchange_and_update(net, parts, mesh, s, t, buckets,
+                                                     overlap, progs[r], zero, costs, dp)
+            if not stream:
+                progs[r] += _exchange_and_update(net, parts, mesh, s, t, buckets,
+                                                 overlap, progs[r], zero, costs, dp)
+                if dp * cp > 1 and overlap and zero != 3:
+                    add_ddp_wrapper(progs[r], begun, cluster)
     return progs, mesh
 
 
@@ -146,7 +146,7 @@ def _exchange_and_update(net, parts, mesh, s, t, buckets, overlap, prog, zero, c
     """After a step's last backward pass: average (or shard) the gradients over dp, update."""
     ops = data_parallel_ops(net, parts, mesh, s, t, buckets, overlap, prog, zero)
     params = sum(p.params() for p in parts)
-    ops.append(Compute("update", costs.update_s(params / (dp if zero else 1))))
+    ops.append(Compute("update", costs.update_s(params / (dp * mesh.cp if zero else 1))))
     if zero in (1, 2):      # every rank updated its 1/N: gather the others'
         nbytes = params * net.state["params"]
         ops.append(Collective(mesh.dp_group(s, t), nbytes, mesh.half_ring_s("dp", nbytes),
@@ -179,8 +179,9 @@ def pipeline_op(kind, i, c, s, stage: Stage, mesh: Mesh, d, t, pp, chunks, mb, n
     name = named[0 if kind == "F" else 1] if named and kind != "W" else f"{kind}{i}"
     prev_device = device_of(v - 1, pp, placement)[0] if v > 0 else s
     next_device = device_of(v + 1, pp, placement)[0] if v < last_v else s
-    prev_rank, next_rank = mesh.rank(d, prev_device, t), mesh.rank(d, next_device, t)
-    group = mesh.tp_group(d, s)
+    q = stage.where[3]
+    prev_rank, next_rank = mesh.rank(d, prev_device, t, q), mesh.rank(d, next_device, t, q)
+    group = mesh.tp_group(d, s, q)
     link = mesh.link["pp"]
     ops = []
 
@@ -232,20 +233,27 @@ def data_parallel_ops(net, parts, mesh: Mesh, s, t, buckets, overlap, prog, zero
     one after another once the backward is done. ZeRO 1 and 2 reduce-scatter the
     buckets instead; ZeRO 3 has reduce-scattered each layer's already (``Sharder``).
     """
-    if mesh.dp == 1:
+    if mesh.dp * mesh.cp == 1:
         return []
     if zero == 3:
         return [Join()] if overlap else []
-    group = mesh.dp_group(s, t)
-    shard = {i: net.layers[i].params / p._sliced(i) for p in parts for i in p.layers}
+    group, ep, layers = mesh.dp_group(s, t), mesh.ep, net.layers
+    shard = {i: (layers[i].params - layers[i].expert_params) / p._sliced(i)
+             for p in parts for i in p.layers}
     # a device's chunks are not one run of layers (interleaved, DualPipeV): only its own
     plan = gradient_buckets(net, sorted(shard), shard.get, buckets)
-    if zero:
-        ops = [Collective(group, nbytes, mesh.half_ring_s("dp", nbytes), "reduce-scatter",
-                          "dp", background=overlap) for _, nbytes in plan]
-    else:
-        ops = [Collective(group, nbytes, mesh.all_reduce_s("dp", nbytes),
-                          "all-reduce", "dp", background=overlap) for _, nbytes in plan]
+    how = ("reduce-scatter", mesh.half_ring_s) if zero else ("all-reduce", mesh.all_reduce_s)
+    ops = [Collective(group, nbytes, how[1]("dp", nbytes), how[0], "dp", background=overlap)
+           for _, nbytes in plan]
+    experts = {i: layers[i].expert_params / ep / p._sliced(i) for p in parts for i in p.layers
+               if layers[i].expert_params}
+    if experts and mesh.dp * mesh.cp > ep:         # each expert's replicas: dp × cp / ep
+        mine = mesh.expert_dp_group(*parts[0].where)
+        more = gradient_buckets(net, sorted(experts), experts.get,
+                                buckets if buckets == "per_tensor" else min(buckets, len(experts)))
+        plan += more
+        ops += [Collective(mine, nbytes, how[1]("edp", nbytes), f"{how[0]} experts", "edp",
+                           background=overlap) for _, nbytes in more]
     if not overlap:
         return ops
     weave_after_backward(prog, plan, ops)
@@ -313,8 +321,10 @@ def stage_layers(net: Network, costs, stages: int, bounds, batch: float) -> list
 
 def lane_labels(mesh: Mesh, background: bool) -> dict:
     labels = {r: f"rank {r} (predicted)" for r in range(mesh.size)}
-    if background:
-        labels.update({mesh.size + r: f"rank {r} buckets (predicted)" for r in range(mesh.size)})
+    what = " and ".join(w for w, on in (("K/V passes", mesh.cp > 1), ("buckets", background))
+                        if on)
+    if what:
+        labels.update({mesh.size + r: f"rank {r} {what} (predicted)" for r in range(mesh.size)})
     return labels
 
 

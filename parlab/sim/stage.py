@@ -1,20 +1,26 @@
 """The mesh of ranks and what one rank's stage does in a pass: its layers' compute and
 their tensor-parallel collectives.
 
-``Mesh``: dp × pp × tp ranks laid out as ``parlab.mesh`` does (tp fastest), each axis's
+``Mesh``: dp × pp × cp × tp ranks laid out as ``parlab.mesh`` does (tp fastest), each axis's
 collectives priced by ``sim.collectives`` (its group's size and stride: inside a node,
 across nodes over every card, NVLink SHARP), point-to-point sends over the link between
 the stages' devices. ``Stage``: the layers of one pipeline stage (or chunk) on one rank,
 sliced over tp: a Megatron block computes and all-reduces twice per pass (Shoeybi et
-al., 2019, figure 4); plain linear layers pair column-then-row.
+al., 2019, figure 4); plain linear layers pair column-then-row. With context parallelism
+a block's attention passes K and V round the cp ranks, and a mixture of experts sends its
+routed tokens to their experts and back (``Stage._ring``, ``Stage._all_to_alls``).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
+from .blocks import is_block
 from .checks import amount, count
 from .collectives import all_reduce_time, half_ring_time
 from .costs import Network, call_s, weight_grad_s
-from .engine import Collective, Compute
+from .engine import Collective, Compute, Join
 from .model import Cluster
+from .summary_terms import one_all_to_all_s, ring_step
 
 
 def all_gather_s(nbytes: float, n: int, link, overhead: float = 0.0) -> float:
@@ -28,19 +34,33 @@ def all_gather_s(nbytes: float, n: int, link, overhead: float = 0.0) -> float:
 
 
 class Mesh:
-    """dp × pp × tp ranks, tp fastest (``parlab.mesh``'s order); each axis's collectives and
-    the point-to-point link between neighbouring stages."""
+    """dp × pp × cp × tp ranks, tp fastest, then cp (``parlab.mesh``'s order, with context
+    parallelism just outside tp as Megatron-Core places it); each axis's collectives and
+    the point-to-point link between neighbouring stages. ep: the experts of a mixture of
+    experts spread over ep of the dp × cp ranks (which divide by it); a rank's gradients
+    go over all dp × cp ranks, its experts' over the dp × cp / ep that hold the same ones."""
 
-    def __init__(self, cluster: Cluster, dp: int, pp: int, tp: int):
-        self.dp, self.pp, self.tp = dp, pp, tp
-        self.size = dp * pp * tp
+    def __init__(self, cluster: Cluster, dp: int, pp: int, tp: int, cp: int = 1, ep: int = 1):
+        self.dp, self.pp, self.tp, self.cp, self.ep = dp, pp, tp, cp, ep
+        self.size = dp * pp * cp * tp
+        if (dp * cp) % ep:
+            raise ValueError(f"ep={ep} must divide dp × cp = {dp * cp} (the ranks that hold "
+                             "the experts between them): choose an ep that divides it")
         if self.size > cluster.devices:
-            raise ValueError(f"{dp} × {pp} × {tp} (dp × pp × tp) needs {self.size} devices; "
+            shape = f"{dp} × {pp} × {tp} (dp × pp × tp)" if cp == 1 else (
+                f"{dp} × {pp} × {cp} × {tp} (dp × pp × cp × tp)")
+            raise ValueError(f"{shape} needs {self.size} devices; "
                              f"{cluster.name} has {cluster.devices}: use a cluster with more "
                              "devices or a smaller mesh")
-        span = {"tp": tp, "pp": pp * tp, "dp": self.size}
+        span = {"tp": tp, "cp": cp * tp, "pp": pp * cp * tp, "dp": self.size}
         self.link = {a: cluster.link(span[a]) for a in span}
-        self.stride = {"tp": 1, "pp": tp, "dp": pp * tp}
+        self.stride = {"tp": 1, "cp": tp, "pp": cp * tp, "dp": pp * cp * tp}
+        # gradients go over dp × cp ranks, priced at cp's stride where there is cp (as
+        # ``sim.summary`` does); experts' all-to-alls at dp's, their gradients' every ep-th
+        dp_stride = tp if cp > 1 else self.stride["dp"]
+        self.groups = {"tp": (tp, 1), "cp": (cp, tp), "pp": (pp, cp * tp),
+                       "dp": (dp * cp, dp_stride), "ep": (ep, self.stride["dp"]),
+                       "edp": (dp * cp // ep, dp_stride * ep)}
         self.cluster = cluster
         self.overhead = cluster.collective_overhead_s
         self.wake = getattr(cluster, "wake_latency_s", 0.0)
@@ -57,22 +77,39 @@ class Mesh:
         return {"wake_s": self.wake, "cores": self.cores, "spread": self.spread,
                 "wake_curve": self.wake_curve, "handoff": self.handoff, "held": self.held}
 
-    def rank(self, d: int, s: int, t: int) -> int:
-        return (d * self.pp + s) * self.tp + t
+    def rank(self, d: int, s: int, t: int, q: int = 0) -> int:
+        """The rank of replica d, stage s, tp slice t and context part q."""
+        return ((d * self.pp + s) * self.cp + q) * self.tp + t
 
-    def tp_group(self, d, s) -> tuple:
-        return tuple(self.rank(d, s, t) for t in range(self.tp))
+    def tp_group(self, d, s, q: int = 0) -> tuple:
+        return tuple(self.rank(d, s, t, q) for t in range(self.tp))
+
+    def cp_group(self, d, s, t) -> tuple:
+        return tuple(self.rank(d, s, t, q) for q in range(self.cp))
 
     def dp_group(self, s, t) -> tuple:
-        return tuple(self.rank(d, s, t) for d in range(self.dp))
+        """Every rank that holds the same (dense) parameters: dp × cp of them."""
+        return tuple(self.rank(j // self.cp, s, t, j % self.cp) for j in range(self.dp * self.cp))
+
+    def ep_group(self, d, s, t, q: int = 0) -> tuple:
+        """The ep ranks (of the dp × cp) whose experts together make a whole layer's."""
+        first = (d * self.cp + q) // self.ep * self.ep
+        return tuple(self.rank(j // self.cp, s, t, j % self.cp)
+                     for j in range(first, first + self.ep))
+
+    def expert_dp_group(self, d, s, t, q: int = 0) -> tuple:
+        """The dp × cp / ep ranks that hold the same experts."""
+        mine = (d * self.cp + q) % self.ep
+        return tuple(self.rank(j // self.cp, s, t, j % self.cp)
+                     for j in range(mine, self.dp * self.cp, self.ep))
 
     def all_reduce_s(self, axis: str, nbytes: float) -> float:
         """An all-reduce of ``nbytes`` over the axis's group (``collectives.all_reduce_time``)."""
-        return all_reduce_time(self.cluster, nbytes, getattr(self, axis), self.stride[axis])
+        return all_reduce_time(self.cluster, nbytes, *self.groups[axis])
 
     def half_ring_s(self, axis: str, nbytes: float) -> float:
         """A reduce-scatter or an all-gather of an ``nbytes`` buffer over the axis's group."""
-        return half_ring_time(self.cluster, nbytes, getattr(self, axis), self.stride[axis])
+        return half_ring_time(self.cluster, nbytes, *self.groups[axis])
 
 
 class Stage:
@@ -87,9 +124,10 @@ class Stage:
     """
 
     def __init__(self, net: Network, costs, layers: range, mesh: Mesh, scheme: str,
-                 sharder=None):
+                 sharder=None, where: tuple = (0, 0, 0, 0)):
         self.net, self.costs, self.layers, self.mesh, self.scheme = net, costs, layers, mesh, scheme
         self.sharder = sharder
+        self.where = where          # (replica, stage, tp slice, context part) of the rank
 
     def _sliced(self, i: int) -> int:
         """tp degree layer i is sliced by: an unpaired last layer stays whole (column_row)."""
@@ -109,6 +147,9 @@ class Stage:
         return ops + [Compute(name, operator)] if operator > 0 else ops
 
     def _layer_forward(self, name: str, i: int, k: int, batch: float, group: tuple) -> list:
+        return self._spread(name, i, batch, self._sliced_forward(name, i, k, batch, group), False)
+
+    def _sliced_forward(self, name: str, i: int, k: int, batch: float, group: tuple) -> list:
         m, ab = self.mesh, self.net.act_bytes
         out = self.net.layers[i].out_elems * batch * ab
         blocks = self.net.layers[i].tp_all_reduces
@@ -163,16 +204,17 @@ class Stage:
             grad_in = self.net.out_elems(i - 1) * batch * ab
             blocks = self.net.layers[i].tp_all_reduces
             if m.tp > 1 and blocks:          # (the input data needs no gradient)
-                ops += self._block(name, self._backward_s(i, batch, split), grad_in,
-                                   blocks if i > 0 else 0, group, i)
+                layer = self._block(name, self._backward_s(i, batch, split), grad_in,
+                                    blocks if i > 0 else 0, group, i)
             else:
-                ops.append(Compute(name, self._backward_s(i, batch, split), i))
+                layer = [Compute(name, self._backward_s(i, batch, split), i)]
                 # dL/dx of a column-parallel layer is a sum over the ranks; the input data
                 # needs none (the first layer of the network)
                 column = self.scheme == "naive" or (k % 2 == 0 and self._sliced(i) > 1)
                 if m.tp > 1 and column and i > 0:
-                    ops += self.tp_collective(group, grad_in, m.all_reduce_s("tp", grad_in),
-                                              "all-reduce", name)
+                    layer += self.tp_collective(group, grad_in, m.all_reduce_s("tp", grad_in),
+                                                "all-reduce", name)
+            ops += self._spread(name, i, batch, layer, True)
             if self.sharder and not split:
                 ops += self.sharder.after(i, forward=False)
         return ops
@@ -213,5 +255,68 @@ class Stage:
                                           "all-reduce", name)
         return ops
 
+    def _spread(self, name: str, i: int, batch: float, ops: list, backward: bool) -> list:
+        """Layer i's pass with what context and expert parallelism add to it."""
+        m, x = self.mesh, self.net.layers[i]
+        if m.cp > 1 and is_block(x):
+            ops = self._ring(name, i, batch, ops, backward)
+        if m.ep > 1 and x.routed_elems:
+            ops = self._all_to_alls(i, batch, ops)
+        return ops
+
+    def _ring(self, name: str, i: int, batch: float, ops: list, backward: bool) -> list:
+        """Ring attention (Liu et al., 2023, section 3): the rank sends its K and V chunk on
+        to the next cp rank while it computes attention against the chunk it holds, and
+        receives the previous rank's: cp - 1 passes forward, 2 cp - 1 backward (K, V and
+        their gradients; ``sim.context``'s count), each beside 1/cp (1/(2 cp - 1)) of the
+        block's attention products, as ``summary_terms.ring_passes_s`` prices them. A pass
+        runs on the rank's second lane, as DDP's buckets do (after any posted before it)."""
+        m, (d, s, t, _) = self.mesh, self.where
+        chunk, step, fwd, bwd = ring_step(self.net, self.net.layers[i], batch, m.tp, m.cp,
+                                          m.cluster, m.stride["cp"])
+        passes = 2 * m.cp - 1 if backward else m.cp - 1
+        piece = bwd / passes if backward else fwd / m.cp
+        group, ring = m.cp_group(d, s, t), []
+        for _ in range(passes):     # every member sends on as it receives: one collective
+            ring += [Collective(group, chunk, step, "K/V pass", "cp", background=True),
+                     Compute(name, piece, i), Join("wait for K/V")]
+        return ring + _less(ops, i, passes * piece)
+
+    def _all_to_alls(self, i: int, batch: float, ops: list) -> list:
+        """A mixture of experts' pass: the routed tokens dispatched to the ep ranks that
+        hold their experts, computed there, and combined back (GShard, Lepikhin et al.,
+        2020, section 2.2), not overlapped; the layer's last compute is halved around the
+        dispatch (the experts run after the attention, in the block's second half)."""
+        m, (d, s, t, q), x = self.mesh, self.where, self.net.layers[i]
+        seconds = one_all_to_all_s(self.net, x, batch, m.tp, m.ep, m.cluster, m.groups["ep"][1])
+        nbytes = x.routed_elems * batch / m.tp * self.net.act_bytes
+        group = m.ep_group(d, s, t, q)
+        k = max(j for j, op in enumerate(ops) if isinstance(op, Compute) and op.layer == i)
+        half = replace(ops[k], seconds=ops[k].seconds / 2)
+        return ops[:k] + [half, Collective(group, nbytes, seconds, "all-to-all dispatch", "ep"),
+                          half, Collective(group, nbytes, seconds, "all-to-all combine", "ep"),
+                          *ops[k + 1:]]
+
     def params(self) -> float:
-        return sum(self.net.layers[i].params / self._sliced(i) for i in self.layers)
+        """The parameters this rank holds (its 1/ep of a mixture's experts)."""
+        ep = self.mesh.ep
+        return sum((self.net.layers[i].params - self.net.layers[i].expert_params * (1 - 1 / ep))
+                   / self._sliced(i) for i in self.layers)
+
+    def expert_params(self) -> float:
+        """Of those, its experts' (exchanged over ``Mesh.expert_dp_group`` where ep > 1)."""
+        return sum(self.net.layers[i].expert_params / self.mesh.ep / self._sliced(i)
+                   for i in self.layers)
+
+
+def _less(ops: list, layer: int, seconds: float) -> list:
+    """``ops`` with ``seconds`` of layer ``layer``'s compute taken out, from the first on
+    (what ring attention already computed between its passes)."""
+    out = []
+    for op in ops:
+        if seconds > 0 and isinstance(op, Compute) and op.layer == layer:
+            take = min(seconds, op.seconds)
+            seconds -= take
+            op = replace(op, seconds=op.seconds - take)
+        out.append(op)
+    return out

@@ -77,33 +77,48 @@ def fsdp_exposed_s(fwd: list, bwd: list, gather: list, scatter: list,
     return finish - sum(fwd) - sum(bwd)
 
 
+def ring_step(net, x, mb: float, t: int, cp: int, c, stride: int) -> tuple:
+    """One block's ring attention on a rank holding mb sequences' 1/cp: (the bytes of its K
+    and V chunk, the seconds one pass of them takes, the seconds of the block's attention
+    products forward and backward on the rank)."""
+    link, ab = ring_link(c, cp, stride), net.act_bytes
+    qkv, scores = x.gemms[0], x.gemms[1]
+    kv_width = (qkv.n - qkv.k) / 2                       # K's (or V's) features
+    chunk = 2 * mb * scores.m * kv_width / t * ab        # this rank's K and V
+    attention = tuple(g for g in x.gemms if not g.weights)
+    unit = getattr(c, "matrix", None)
+    if unit is not None:
+        fwd = pass_s(unit, attention, mb, t, ab)
+        bwd = pass_s(unit, attention, mb, t, ab, backward=True)
+    else:
+        fwd = sum(g.flops for g in attention) * mb / t / c.flops
+        bwd = 2 * fwd
+    return chunk, send_s(chunk, link), fwd, bwd
+
+
 def ring_passes_s(r, layers, mb: float, t: int, cp: int, c, stride: int) -> float:
     """Seconds ring attention's passes show for one micro-batch of the device's layers
     (each rank holds mb sequences' 1/cp; see the module doc)."""
     if cp == 1:
         return 0.0
-    net, link = r.net, ring_link(c, cp, stride)
-    unit, ab = getattr(c, "matrix", None), net.act_bytes
+    net = r.net
     again = 2 if net.recompute == "full" else 1
     total = 0.0
     for i in layers:
         x = net.layers[i]
         if not is_block(x):
             continue
-        qkv, scores = x.gemms[0], x.gemms[1]
-        kv_width = (qkv.n - qkv.k) / 2                       # K's (or V's) features
-        chunk = 2 * mb * scores.m * kv_width / t * ab        # this rank's K and V
-        step = send_s(chunk, link)
-        attention = tuple(g for g in x.gemms if not g.weights)
-        if unit is not None:
-            fwd = pass_s(unit, attention, mb, t, ab)
-            bwd = pass_s(unit, attention, mb, t, ab, backward=True)
-        else:
-            fwd = sum(g.flops for g in attention) * mb / t / c.flops
-            bwd = 2 * fwd
+        _, step, fwd, bwd = ring_step(net, x, mb, t, cp, c, stride)
         total += again * (cp - 1) * max(0.0, step - fwd / cp)
         total += (2 * cp - 1) * max(0.0, step - bwd / (2 * cp - 1))
     return total
+
+
+def one_all_to_all_s(net, x, mb: float, t: int, ep: int, c, stride: int) -> float:
+    """One dispatch (or combine) of a mixture-of-experts block's routed tokens over ep
+    ranks, the rank's tokens 1/tp of them (0 for a dense layer)."""
+    routed = x.routed_elems
+    return all_to_all_time(c, routed * mb / t * net.act_bytes, ep, stride) if routed else 0.0
 
 
 def all_to_all_s(net, layers, mb: float, t: int, ep: int, c, stride: int) -> float:
@@ -112,9 +127,5 @@ def all_to_all_s(net, layers, mb: float, t: int, ep: int, c, stride: int) -> flo
     if ep == 1:
         return 0.0
     times = 4 + (2 if net.recompute == "full" else 0)
-    total = 0.0
-    for i in layers:
-        routed = net.layers[i].routed_elems
-        if routed:
-            total += times * all_to_all_time(c, routed * mb / t * net.act_bytes, ep, stride)
-    return total
+    return sum(times * one_all_to_all_s(net, net.layers[i], mb, t, ep, c, stride)
+               for i in layers)

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from ..errors import counted
 from . import limits
+from .blocks import is_block
 from .costs import Network
 from .engine import PredictedTimeline
 from .model import Cluster
@@ -162,7 +163,7 @@ def hybrid(net: Network, cluster: Cluster, batch: int, *, dp: int = 2, tp: int =
            micro_batches: int | None = None, schedule: str = "1f1b", chunks: int = 2,
            scheme: str = "column_row", buckets=1, overlap: bool = False, bounds=None,
            zero: int = 0, sequence_parallel: bool = False, recompute=None, steps: int = 1,
-           costs=None) -> PredictedTimeline:
+           costs=None, cp: int = 1, ep: int = 1) -> PredictedTimeline:
     """Lab 07: data parallel over replicas that each split the model (dp × tp × pp).
 
     The replica runs tensor parallel and/or a pipeline (cut at ``bounds``, default
@@ -171,10 +172,17 @@ def hybrid(net: Network, cluster: Cluster, batch: int, *, dp: int = 2, tp: int =
     are averaged over the dp line, in one bucket after the backward (lab 07's
     ``bucket=True``; after the W where a backward is split), or sharded (``zero``).
     micro_batches: per replica and step (default: 4 with a pipeline, 1 without; without a
-    pipeline they run one after another, their gradients adding up)."""
+    pipeline they run one after another, their gradients adding up).
+    cp: each sequence split over cp ranks just outside tp, ring attention's K/V passes in
+    every block (labs 10; a network of ``blocks``, e.g. ``Network.llama``); ep: a mixture
+    of experts' experts spread over ep of the dp × cp ranks, two all-to-alls a block and
+    pass (lab 11; ``Network.llama(experts=, top_k=)``). Both as ``Stage`` writes them."""
     batch, steps = counted(batch, "batch"), counted(steps, "steps")
     dp, tp, pp = counted(dp, "dp"), counted(tp, "tp"), counted(pp, "pp")
-    limits.ranks("hybrid", f"dp × tp × pp = {dp} × {tp} × {pp}", dp * tp * pp)
+    cp, ep = counted(cp, "cp"), counted(ep, "ep")
+    _check_spread(net, cp, ep, zero)
+    limits.ranks("hybrid", f"dp × tp × pp × cp = {dp} × {tp} × {pp} × {cp}" if cp > 1 else
+                 f"dp × tp × pp = {dp} × {tp} × {pp}", dp * tp * pp * cp)
     m = counted(micro_batches, "micro_batches") if micro_batches is not None else (
         4 if pp > 1 else 1)
     chunks = counted(chunks, "chunks") if schedule in CHUNKED else 1
@@ -183,7 +191,22 @@ def hybrid(net: Network, cluster: Cluster, batch: int, *, dp: int = 2, tp: int =
     progs, mesh = programs(net, cluster, costs, batch, dp=dp, tp=tp, pp=pp, micro_batches=m,
                             schedule=schedule, chunks=chunks, scheme=scheme, buckets=buckets,
                             overlap=overlap, bounds=bounds, steps=steps, zero=zero,
-                            phase_names=("F0", "B0") if pp > 1 and m == 1 else None)
-    shape = " × ".join(f"{a} {n}" for a, n in (("dp", dp), ("pp", pp), ("tp", tp)) if n > 1)
+                            phase_names=("F0", "B0") if pp > 1 and m == 1 else None, cp=cp, ep=ep)
+    shape = " × ".join(f"{a} {n}" for a, n in (("dp", dp), ("pp", pp), ("cp", cp), ("tp", tp),
+                                               ("ep", ep)) if n > 1)
     return run_programs(progs, mesh, steps, notes_for(f"hybrid {shape or 'one device'}", net, cluster,
                                            costs), background=overlap and dp > 1)
+
+
+def _check_spread(net: Network, cp: int, ep: int, zero: int) -> None:
+    """What context and expert parallelism need of the network, refused by name."""
+    if cp > 1 and not any(is_block(x) for x in net.layers):
+        raise ValueError(f"cp={cp} splits the sequences of transformer blocks; {net.name} has "
+                         "none: build it with Network.llama or Network.decoder, or use cp=1")
+    if ep > 1 and not any(x.routed_elems for x in net.layers):
+        raise ValueError(f"ep={ep} spreads a mixture of experts; {net.name} has no expert "
+                         "layer: build it with Network.llama(..., experts=, top_k=), or use ep=1")
+    if ep > 1 and zero:
+        raise ValueError(f"zero={zero} with ep={ep}: the timeline shards dense states only; "
+                         "use zero=0 here, or sim.predict(..., Plan(ep=...), zero=...) for "
+                         "the step's parts")
