@@ -303,11 +303,6 @@ class Stage:
         return sum((self.net.layers[i].params - self.net.layers[i].expert_params * (1 - 1 / ep))
                    / self._sliced(i) for i in self.layers)
 
-    def expert_params(self) -> float:
-        """Of those, its experts' (exchanged over ``Mesh.expert_dp_group`` where ep > 1)."""
-        return sum(self.net.layers[i].expert_params / self.mesh.ep / self._sliced(i)
-                   for i in self.layers)
-
 
 def _less(ops: list, layer: int, seconds: float) -> list:
     """``ops`` with ``seconds`` of layer ``layer``'s compute taken out, from the first on

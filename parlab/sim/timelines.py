@@ -174,7 +174,7 @@ def hybrid(net: Network, cluster: Cluster, batch: int, *, dp: int = 2, tp: int =
     micro_batches: per replica and step (default: 4 with a pipeline, 1 without; without a
     pipeline they run one after another, their gradients adding up).
     cp: each sequence split over cp ranks just outside tp, ring attention's K/V passes in
-    every block (labs 10; a network of ``blocks``, e.g. ``Network.llama``); ep: a mixture
+    every block (lab 10; a network of ``blocks``, e.g. ``Network.llama``); ep: a mixture
     of experts' experts spread over ep of the dp × cp ranks, two all-to-alls a block and
     pass (lab 11; ``Network.llama(experts=, top_k=)``). Both as ``Stage`` writes them."""
     batch, steps = counted(batch, "batch"), counted(steps, "steps")
