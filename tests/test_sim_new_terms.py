@@ -186,3 +186,31 @@ def test_the_supplements_are_what_the_records_own_words_state():
     assert f"{extra['experts']} experts, {extra['top_k']} active" in grok.setup.model.name
     net = validate.network_for(grok, grok.setup, validate.Experts(**extra))
     assert sum(x.expert_params > 0 for x in net.layers) == grok.setup.model.layers
+
+
+# ------------------------------------------------------------------ presets from measurements
+def test_the_h200_and_the_a100_pcie_presets_carry_their_measured_rates():
+    from parlab.sim import clusters
+    h200, h100 = sim.h200_nvlink(), sim.h100_nvlink()
+    assert h200.matrix.rate == h100.matrix.rate == 794.5e12          # "H200 is the same"
+    assert h200.fp8_matrix.rate == clusters.H200_FP8 == 1453.4e12
+    assert h200.memory_bytes == 141e9 and h200.memory_bandwidth_Bps == pytest.approx(0.9 * 4.8e12)
+    pcie = sim.a100_pcie()
+    assert pcie.matrix.rate == clusters.A100_PCIE == 252.9e12
+    assert pcie.intra.bandwidth_Bps == pytest.approx(0.8 * 31.5e9)
+    assert sim.a100_pcie(gb=40).memory_bandwidth_Bps == pytest.approx(0.9 * 1555e9)
+    with pytest.raises(ValueError, match="gb must be 40 or 80"):
+        sim.a100_pcie(gb=48)
+    # a step whose work is large products: slower on the card by the measured rates' ratio,
+    # and its tensor-parallel all-reduces far slower over PCIe than over NVLink
+    net = sim.Network.llama("l", 2, 4096, 32, 2048, ffn=14336)
+    one = [sim.predict(sim.Workload.of(net), c, sim.Plan(dp=1), 8).parts["compute"]
+           for c in (sim.a100_nvlink(2), pcie)]
+    assert one[1] / one[0] == pytest.approx(271.2 / 252.9, rel=0.05)
+    tp = [sim.predict(sim.Workload.of(net), c, sim.Plan(dp=1, tp=2), 8).parts["tp"]
+          for c in (sim.a100_nvlink(2), pcie)]
+    assert tp[1] > 5 * tp[0]
+    # the H200's memory holds what the H100's cannot
+    big = sim.Network.llama("b", 32, 8192, 64, 4096, ffn=28672)
+    assert not sim.memory(big, 8, dp=8, zero=3, cluster=h100).fits
+    assert sim.memory(big, 8, dp=8, zero=3, cluster=h200).fits

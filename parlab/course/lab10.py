@@ -339,11 +339,12 @@ def ring_at_scale(seqs=(1024, 4096, 16384, 65536), nodes: int = 4) -> list[dict]
 def print_ring_at_scale(nodes: int = 4) -> None:
     print(f"PREDICTED: Llama 3 8B, one sequence, tp 8 in each of {nodes} H100 nodes, cp {nodes} "
           "across them (parlab.sim.hybrid)")
-    print(f"{'tokens':>8}{'a K/V pass':>12}{'attention beside it':>21}{'waiting for K/V':>17}"
-          f"{'step':>10}")
+    print(f"{'tokens':>8}{'a K/V pass':>12}{'attention beside it':>21}"
+          f"{'waiting for K/V, a step':>25}{'step':>9}")
     for r in ring_at_scale(nodes=nodes):
-        print(f"{r['seq']:>8,}{r['pass_s'] * 1e6:>9.1f} us{r['beside_s'] * 1e6:>18.1f} us"
-              f"{r['waited_s'] * 1e3:>11.2f} ms a step{r['step_s'] * 1e3:>7.0f} ms")
+        print(f"{r['seq']:>8,}{r['pass_s'] * 1e6:>9.1f} µs{r['beside_s'] * 1e6:>18.1f} µs"
+              f"{r['waited_s'] * 1e3:>10.2f} ms ({r['waited_s'] / r['step_s']:4.1%})"
+              f"{r['step_s'] * 1e3:>9.0f} ms")
 
 
 def plot_causal_split(n: int = 4):

@@ -213,17 +213,22 @@ def ep_at_scale() -> list[dict]:
     """PREDICTED (``sim.hybrid`` and ``sim.memory``): Mixtral 8x7B's shape (8 experts, 2 a
     token, 4,096 tokens a sequence) on 8 sequences a step: data parallel over 8 H100s with
     the experts spread over ep of them, then tp 2 over two nodes, where each all-to-all
-    leaves NVLink for InfiniBand. Per layout: the step, rank 0's all-to-alls, its memory."""
+    leaves NVLink for InfiniBand. Per layout: the step, rank 0's gradient averaging (dense
+    and experts'), its update, its all-to-alls, its memory."""
     from .. import sim
     net = sim.Network.llama("Mixtral 8x7B", 32, 4096, 32, 4096, 32000, kv_heads=8, ffn=14336,
                             experts=8, top_k=2)
     rows = []
     for nodes, shape in ((1, {"ep": 1}), (1, {"ep": 2}), (1, {"ep": 8}), (2, {"ep": 8, "tp": 2})):
         tl = sim.hybrid(net, sim.h100_nodes(nodes), 8, dp=8, **shape)
-        a2a = sum(s.end - s.start for s in tl.spans
-                  if s.rank == 0 and s.axis == "ep" and s.kind == "comm")
+        comm = {axis: sum(s.end - s.start for s in tl.spans
+                          if s.rank == 0 and s.axis in axes and s.kind == "comm")
+                for axis, axes in (("ep", ("ep",)), ("dp", ("dp", "edp")))}
         rows.append({"layout": " × ".join(f"{k} {v}" for k, v in {"dp": 8, **shape}.items()),
-                     "nodes": nodes, "step_s": tl.step_s, "all_to_all_s": a2a,
+                     "gpus": 8 * shape.get("tp", 1), "step_s": tl.step_s,
+                     "all_to_all_s": comm["ep"], "gradients_s": comm["dp"],
+                     "update_s": sum(s.end - s.start for s in tl.spans
+                                     if s.rank == 0 and s.name == "update"),
                      "memory": sim.memory(net, 8, dp=8, **shape).total})
     return rows
 
@@ -231,10 +236,11 @@ def ep_at_scale() -> list[dict]:
 def print_ep_at_scale() -> None:
     print("PREDICTED: Mixtral 8x7B's shape, 8 sequences of 4,096 tokens a step, H100 nodes "
           "of 8 (parlab.sim.hybrid, parlab.sim.memory)")
-    print(f"{'layout':<20}{'nodes':>6}{'step':>9}{'all-to-alls':>13}{'share':>7}"
-          f"{'memory a GPU':>14}")
+    print(f"{'layout':<20}{'GPUs':>5}{'step':>9}{'averaging':>12}{'update':>9}{'all-to-alls':>13}"
+          f"{'share':>7}{'memory a GPU':>14}")
     for r in ep_at_scale():
-        print(f"{r['layout']:<20}{r['nodes']:>6}{r['step_s'] * 1e3:>6.0f} ms"
+        print(f"{r['layout']:<20}{r['gpus']:>5}{r['step_s'] * 1e3:>6.0f} ms"
+              f"{r['gradients_s'] * 1e3:>9.0f} ms{r['update_s'] * 1e3:>6.0f} ms"
               f"{r['all_to_all_s'] * 1e3:>10.1f} ms{r['all_to_all_s'] / r['step_s']:>7.1%}"
               f"{r['memory'] / 1e9:>11.0f} GB")
 

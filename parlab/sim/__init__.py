@@ -40,8 +40,8 @@ Inputs
                     ``matrix`` unit pricing each product by its shape) and their links
                     (``Link``: alpha-beta), intra- and inter-node (``nics_per_node``
                     cards; ``nvls``: NVLink SHARP). Presets:
-                    ``t4_pcie()``, ``a100_nvlink()``, ``h100_nvlink()``,
-                    ``h100_infiniband(nodes)``, ``h100_nodes(nodes)`` (one of the two),
+                    ``t4_pcie()``, ``a100_nvlink()``, ``a100_pcie()``, ``h100_nvlink()``,
+                    ``h200_nvlink()``, ``h100_infiniband(nodes)``, ``h100_nodes(nodes)``,
                     ``v100_dgx2h()``, ``gpu_presets()``; the published runs' machines
                     (``clusters.v100_dgx1``, ``a800_nodes``, ``a100_omnipath``,
                     ``a100_ethernet``, ``p100_pcie``, ``p100_roce``, ``p40_pcie``); this
@@ -143,8 +143,8 @@ parallelism) and experts (``Network.llama(..., experts=, top_k=)``); a network w
 ``fp8=True`` runs its products with weights at the cluster's ``fp8_matrix`` rate.
 """
 from . import calibrate, clusters, context, experts, published
-from .clusters import (a100_nvlink, gpu_presets, h100_infiniband, h100_nodes, h100_nvlink,
-                       t4_pcie, v100_dgx2h)
+from .clusters import (a100_nvlink, a100_pcie, gpu_presets, h100_infiniband, h100_nodes,
+                       h100_nvlink, h200_nvlink, t4_pcie, v100_dgx2h)
 from .context import split_transformer
 from .experts import MoELayer, expert_parallel, moe_layer
 from .costs import Measured, Roofline
@@ -163,8 +163,9 @@ from .timelines import (all_gather_s, data_parallel, hybrid, manual_split, pipel
 __all__ = [
     "AXES", "Cluster", "Deadlock", "DoesNotFit", "Gemm", "Layer", "Link", "Measured", "Memory",
     "Network", "Plan", "PredictedTimeline", "Prediction", "Roofline", "STRATEGIES", "Workload",
-    "a100_nvlink", "all_gather_s", "all_reduce_s", "bubble", "calibrate", "calibrated", "clusters",
-    "data_parallel", "gpu_presets", "h100_infiniband", "h100_nodes", "h100_nvlink", "hybrid",
+    "a100_nvlink", "a100_pcie", "all_gather_s", "all_reduce_s", "bubble", "calibrate",
+    "calibrated", "clusters", "data_parallel", "gpu_presets", "h100_infiniband", "h100_nodes",
+    "h100_nvlink", "h200_nvlink", "hybrid",
     "manual_split", "measured_link", "memory", "memory_per_device", "parameter_server",
     "parameter_server_memory", "pipeline", "plans", "predict", "presets", "published", "send_s",
     "single_device", "t4_pcie", "tensor_parallel", "timeline", "v100_dgx2h",

@@ -34,6 +34,10 @@ from .gemm import WINOGRAD_F2X2_3X3, MatrixUnit
 from .model import Cluster, Link
 
 MAX_ACHIEVABLE = {"A100": 271.2e12, "H100": 794.5e12}    # bf16 matrix FLOP/s (sim.gemm)
+# the same table's other measured rows: the A100 PCIe card (its memory part not stated)
+# and the H200 (its bf16 rate "the same" as the H100's; FP8 measured on it)
+A100_PCIE = 252.9e12
+H200_FP8 = 1453.4e12
 # of the peak, where no maximum achievable rate is published: the mean share of the two
 # measured maxima (271.2 of 312, 794.5 of 989)
 ACHIEVABLE_SHARE = (MAX_ACHIEVABLE["A100"] / 312e12 + MAX_ACHIEVABLE["H100"] / 989e12) / 2
@@ -101,7 +105,9 @@ def h100_nvlink(devices: int = 8) -> Cluster:
     """A DGX H100-like node: 8 × H100 SXM5 80 GB on NVSwitch.
 
     NVIDIA H100 datasheet (https://www.nvidia.com/en-us/data-center/h100/): 80 GB HBM3
-    at 3.35 TB/s; 989 TFLOP/s dense BF16 (1979 with sparsity), 132 SMs; NVLink 4:
+    at 3.35 TB/s, 700 W; 989 TFLOP/s dense BF16 (1979 with sparsity) at 1830 MHz
+    (NVIDIA's clock for that peak), 132 SMs; the matrix rates measured at 700 W (the
+    maximum achievable; no measurement at a lower power cap is published); NVLink 4:
     900 GB/s per GPU both directions together, 450 GB/s each way; third-generation
     NVSwitch with NVLink SHARP, which NCCL (2.17 and later) uses for all-reduces by
     default (``nvls``; turn it off with ``dataclasses.replace(c, nvls=False)``, as
@@ -111,6 +117,36 @@ def h100_nvlink(devices: int = 8) -> Cluster:
     c = _gpu(f"{devices} × H100 (NVLink)", devices, 8, 80, MAX_ACHIEVABLE["H100"], 132,
              3.35e12, 450e9, 3e-6, 50e9, 8e-6)
     return replace(c, nvls=True, fp8_matrix=replace(c.matrix, rate=H100_FP8))
+
+
+def h200_nvlink(devices: int = 8) -> Cluster:
+    """An HGX H200-like node: 8 × H200 SXM 141 GB on NVSwitch.
+
+    NVIDIA H200 datasheet (https://www.nvidia.com/en-us/data-center/h200/): 141 GB HBM3e
+    at 4.8 TB/s, 700 W; the H100's compute (132 SMs, 989 TFLOP/s dense BF16) and NVLink 4
+    with NVLink SHARP. Matrix rates measured: BF16 as the H100's, FP8 1453.4 TFLOP/s
+    (``H200_FP8``). What it changes against ``h100_nvlink``: memory, 141 GB at 4.8 TB/s.
+    """
+    devices = count("h200_nvlink", "devices", devices)
+    c = _gpu(f"{devices} × H200 (NVLink)", devices, 8, 141, MAX_ACHIEVABLE["H100"], 132,
+             4.8e12, 450e9, 3e-6, 50e9, 8e-6)
+    return replace(c, nvls=True, fp8_matrix=replace(c.matrix, rate=H200_FP8))
+
+
+def a100_pcie(devices: int = 2, *, gb: int = 80) -> Cluster:
+    """A100 PCIe cards in one server, without NVLink bridges.
+
+    NVIDIA A100 datasheet: the PCIe card, 80 GB HBM2e at 1935 GB/s and 300 W (``gb=40``:
+    HBM2 at 1555 GB/s, 250 W); 312 TFLOP/s dense BF16 at 1410 MHz, 108 SMs; PCIe Gen4 x16,
+    31.5 GB/s each way, through which the cards reach each other (peer to peer, 10 us: an
+    assumption, as the T4's). Matrix rate measured on the card: 252.9 TFLOP/s
+    (``A100_PCIE``), against the 400 W SXM part's 271.2.
+    """
+    devices = count("a100_pcie", "devices", devices)
+    if gb not in (40, 80):
+        raise ValueError(f"a100_pcie: gb must be 40 or 80 (the two A100 PCIe cards), got {gb!r}")
+    return _gpu(f"{devices} × A100 PCIe {gb} GB", devices, devices, gb, A100_PCIE, 108,
+                1935e9 if gb == 80 else 1555e9, 31.5e9, 10e-6, 31.5e9, 10e-6, nic=False)
 
 
 def h100_infiniband(nodes: int = 2) -> Cluster:
