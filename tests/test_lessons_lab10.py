@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from parlab.course import lab10, lab10_exercises, lessons
+from parlab.course import lab10, lab10_exercises, lab10_scale, lessons
 from parlab.course.lab10_exercises import merge_partials, sp_mlp
 from parlab.torch import comm
 from parlab.torch.transformer import GPTConfig
@@ -172,3 +172,16 @@ def test_the_ring_at_scale_says_what_the_lab_reads_from_it():
         assert rows[seq]["pass_s"] > rows[seq]["beside_s"] and rows[seq]["waited_s"] > 0
     for seq in (16384, 65536):
         assert rows[seq]["pass_s"] < rows[seq]["beside_s"] and rows[seq]["waited_s"] == 0
+
+
+def test_the_ring_figure_shows_the_waits_the_text_names():
+    """The text: at 4,096 tokens rank 0 waits for each pass of a block's forward (cp 4: 3
+    passes), at 16,384 never; each panel one block, predicted."""
+    for seq, waits in ((4096, 3), (16384, 0)):
+        block = lab10_scale.ring_block(seq)
+        assert block.predicted and len(block.ranks) == 2
+        assert len([s for s in block.spans if s.name == "K/V pass"]) == 3
+        assert len([s for s in block.spans if s.rank == 0 and s.name == "wait for K/V"
+                    and s.end > s.start]) == waits
+    fig = lab10.plot_ring_at_scale()
+    assert len(fig.axes) == 2

@@ -7,6 +7,7 @@ from ..metrics import largest_difference
 from . import lessons, replays
 from .exercise import Exercise, check, register, run_on_ranks  # noqa: F401 (lab10.check)
 from .lab10_exercises import check_merge, check_sp_mlp  # noqa: F401 (lab10.check_merge)
+from .lab10_scale import plot_ring_at_scale, print_ring_at_scale, ring_at_scale  # noqa: F401
 from .replays import replayed  # noqa: F401 (lab10.replayed: a run on dedicated devices)
 
 LABELS = {"one device": "one device", "tp": "tensor parallel", "sp": "tensor + sequence parallel",
@@ -313,38 +314,6 @@ def print_llama_choices(gpu_bytes: float = 80e9) -> None:
     p = next(r.setup.parallel for r in llama3_2024() if r.setup.parallel.cp > 1)
     print(f"published (Dubey et al., 2024): {p.gpus:,} GPUs as tp {p.tp} x cp {p.cp} x "
           f"pp {p.pp} x dp {p.dp}")
-
-
-def ring_at_scale(seqs=(1024, 4096, 16384, 65536), nodes: int = 4) -> list[dict]:
-    """PREDICTED (``sim.hybrid``: every rank's step run by the event engine): Llama 3 8B
-    on one sequence, tp 8 inside each of ``nodes`` H100 nodes and cp = ``nodes`` across
-    them. Per sequence length: one K/V pass of a block, the forward attention it runs
-    beside (1/cp of the block's), and what rank 0 waits for K/V in the whole step."""
-    from .. import sim
-    from ..sim.blocks import is_block
-    from ..sim.summary_terms import ring_step
-    cluster, rows = sim.h100_nodes(nodes), []
-    for seq in seqs:
-        net = sim.Network.llama(f"Llama 3 8B, {seq:,} tokens", 32, 4096, 32, seq, 128256,
-                                kv_heads=8, ffn=14336)
-        tl = sim.hybrid(net, cluster, 1, dp=1, tp=8, cp=nodes)
-        block = next(x for x in net.layers if is_block(x))
-        _, passing, forward, _ = ring_step(net, block, 1 / nodes, 8, nodes, cluster, 8)
-        waited = sum(s.end - s.start for s in tl.spans if s.rank == 0 and s.name == "wait for K/V")
-        rows.append({"seq": seq, "pass_s": passing, "beside_s": forward / nodes,
-                     "waited_s": waited, "step_s": tl.step_s})
-    return rows
-
-
-def print_ring_at_scale(nodes: int = 4) -> None:
-    print(f"PREDICTED: Llama 3 8B, one sequence, tp 8 in each of {nodes} H100 nodes, cp {nodes} "
-          "across them (parlab.sim.hybrid)")
-    print(f"{'tokens':>8}{'a K/V pass':>12}{'attention beside it':>21}"
-          f"{'waiting for K/V, a step':>25}{'step':>9}")
-    for r in ring_at_scale(nodes=nodes):
-        print(f"{r['seq']:>8,}{r['pass_s'] * 1e6:>9.1f} µs{r['beside_s'] * 1e6:>18.1f} µs"
-              f"{r['waited_s'] * 1e3:>10.2f} ms ({r['waited_s'] / r['step_s']:4.1%})"
-              f"{r['step_s'] * 1e3:>9.0f} ms")
 
 
 def plot_causal_split(n: int = 4):

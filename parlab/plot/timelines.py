@@ -92,7 +92,7 @@ def timeline(tl: Timeline, *, title: str | None = None, ax=None, names: bool = T
                 bar_label(ax, left, left + w, y, seg.name, c, boxed=bool(h))
     ax.set_yticks(range(len(tl.ranks)))
     ax.set_yticklabels([tl.labels[r] for r in reversed(tl.ranks)], fontsize=FONT - 1)
-    ax.set_xlabel(f"time ({unit})", fontsize=FONT)
+    ax.set_xlabel(f"time ({'µs' if unit == 'us' else unit})", fontsize=FONT)
     # timelines stacked with sharex=True share one time axis: the longest sets it
     right = max([width * scale, *(a.get_xlim()[1] for a in ax.get_shared_x_axes().get_siblings(ax)
                                   if a is not ax and getattr(a, "_parlab_timeline", False))])
@@ -201,7 +201,11 @@ def _segment_axes(tl: Timeline, lanes: dict) -> dict:
                 owners = [s for s in spans if s.name == seg.name and s.start <= seg.start
                           and s.end >= seg.end]
                 top = max(owners, key=lambda s: (s.start, -s.end)) if owners else None
-                out[(rank, seg.start)] = top.axis if top is not None else None
+                # back-to-back spans of one name make one segment: their common axis
+                joined = {s.axis for s in spans if s.name == seg.name
+                          and s.start < seg.end and s.end > seg.start}
+                out[(rank, seg.start)] = (top.axis if top is not None else
+                                          joined.pop() if len(joined) == 1 else None)
     return out
 
 
