@@ -131,9 +131,24 @@ def test_bad_context_or_expert_settings_are_refused_by_name():
     with pytest.raises(ValueError, match="no expert layer"):
         sim.hybrid(net, flat_cluster(), 4, dp=2, ep=2)
     moe = sim.Network.llama("m", 1, 512, 8, 256, ffn=1024, experts=4, top_k=2)
-    with pytest.raises(ValueError, match="ep=3 must divide dp × cp = 4"):
-        sim.hybrid(moe, flat_cluster(), 4, dp=4, ep=3)
+    with pytest.raises(ValueError, match="ep=4 must divide dp × cp = 2"):
+        sim.hybrid(moe, flat_cluster(), 4, dp=2, ep=4)
     with pytest.raises(ValueError, match="use zero=0 here"):
         sim.hybrid(moe, flat_cluster(), 4, dp=4, ep=2, zero=1)
     with pytest.raises(ValueError, match=r"1 × 1 × 4 × 4 \(dp × pp × cp × tp\) needs 16"):
         sim.hybrid(net, flat_cluster(8), 4, dp=1, tp=4, cp=4)
+
+
+def test_an_ep_that_does_not_divide_the_experts_is_refused_everywhere():
+    """Each rank holds whole experts: 8 experts split over ep 3 or 16 ranks are refused by
+    predict, memory and hybrid, naming the experts."""
+    net = sim.Network.llama("m", 1, 512, 8, 256, ffn=1024, experts=8, top_k=2)
+    assert net.layers[0].experts == 8
+    assert sim.Network.llama("d", 1, 512, 8, 256).layers[0].experts == 1
+    for dp, ep in ((6, 3), (16, 16)):
+        with pytest.raises(ValueError, match=f"predict: ep={ep} must divide the 8 experts"):
+            sim.predict(sim.Workload.of(net), flat_cluster(16), sim.Plan(dp=dp, ep=ep), dp)
+        with pytest.raises(ValueError, match=f"memory: ep={ep} must divide the 8 experts"):
+            sim.memory(net, dp, dp=dp, ep=ep)
+        with pytest.raises(ValueError, match=f"hybrid: ep={ep} must divide the 8 experts"):
+            sim.hybrid(net, flat_cluster(16), dp, dp=dp, ep=ep)

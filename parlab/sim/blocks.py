@@ -109,7 +109,7 @@ def block(name: str, seq: int, hidden: int, heads: int, *, kv_heads: int | None 
                  attention_bytes=softmax, backward_gemms=gemms[1:2] if flash else (),
                  replicated_params=norms + (2 * h if bias else 0),   # + proj's, down's bias
                  expert_params=e * mlp_params if e > 1 else 0,
-                 routed_elems=k * s * h if e > 1 else 0.0)
+                 routed_elems=k * s * h if e > 1 else 0.0, experts=e)
 
 
 def embedding(seq: int, hidden: int, vocab: int, *, act_bytes: int = AB) -> Layer:
@@ -141,6 +141,16 @@ def is_block(layer) -> bool:
     """Whether a layer is one of ``block``'s (dense or mixture-of-experts)."""
     return (layer.tp_all_reduces == 2 and len(layer.gemms) in (6, 7)
             and not layer.gemms[1].weights and layer.gemms[1].split == "count")
+
+
+def check_expert_parallel(net, ep: int, owner: str) -> None:
+    """Refuse an ep that does not divide a mixture's experts: each of the ep ranks holds
+    whole experts, experts / ep of them (as ``sim.experts`` requires)."""
+    for x in net.layers:
+        if ep > 1 and x.experts > 1 and x.experts % ep:
+            raise ValueError(f"{owner}: ep={ep} must divide the {x.experts} experts of "
+                             f"{x.name!r} (each rank holds whole experts): choose an ep "
+                             f"that divides {x.experts}")
 
 
 def ring_attention(net):

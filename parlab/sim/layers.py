@@ -110,6 +110,7 @@ class Layer:
                                      # block): expert parallelism spreads them over ep ranks
     routed_elems: float = 0.0        # the activations an expert-parallel block sends to
                                      # its experts per pass (tokens x top_k x h), per sample
+    experts: int = 1                 # how many experts share ``expert_params`` (1: dense)
 
     def __post_init__(self):
         owner = f"Layer {self.name!r}"
@@ -117,6 +118,7 @@ class Layer:
         count(owner, "tp_all_reduces", self.tp_all_reduces, minimum=0)
         count(owner, "replicated_params", self.replicated_params, minimum=0)
         count(owner, "expert_params", self.expert_params, minimum=0)
+        count(owner, "experts", self.experts, minimum=1)
         if self.expert_params > self.params:
             raise ValueError(f"{owner}: expert_params={self.expert_params} is more than its "
                              f"params={self.params}")

@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import counted
-from .blocks import ring_attention
+from .blocks import check_expert_parallel, ring_attention
 from .costs import Network, Roofline
 from ..pipeline import virtual_stage
 from .program import CHUNKED, Mesh, Stage, divides, stage_layers, stage_orders
@@ -127,6 +127,7 @@ def memory_per_device(net: Network, batch: int, *, dp: int = 1, tp: int = 1, pp:
     if (dp * cp) % ep:
         raise ValueError(f"ep={ep} must divide dp x cp = {dp * cp} (the experts spread over "
                          f"data-parallel ranks)")
+    check_expert_parallel(net, ep, "memory")
     m = counted(micro_batches, "micro_batches")
     if chunks is None:
         chunks = CHUNKED.get(schedule, 1) if pp > 1 else 1

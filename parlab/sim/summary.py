@@ -52,6 +52,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..split import check_bounds
+from .blocks import check_expert_parallel
 from .checks import count
 from .costs import Roofline
 from .collectives import (all_reduce_time, cards_per_device, describe, half_ring_time,
@@ -150,6 +151,8 @@ def predict(w, c, plan: Plan, global_batch: int, *, overlap_dp: bool = False, ze
     if (cp > 1 or plan.ep > 1) and net is None:
         raise ValueError("context and expert parallelism need a workload made from a "
                          "Network (sim.Workload.of(net)): its layers say what they split")
+    if net is not None:
+        check_expert_parallel(net, plan.ep, "predict")
     link = {a: c.link(plan.span(a)) for a in plan.order}
     stride = {a: plan.span(a) // getattr(plan, a) for a in (*plan.order, "cp")}
     mb = b / m / cp                              # each rank's share of a micro-batch

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from ..errors import counted
 from . import limits
-from .blocks import is_block
+from .blocks import check_expert_parallel, is_block
 from .costs import Network
 from .engine import PredictedTimeline
 from .model import Cluster
@@ -206,6 +206,7 @@ def _check_spread(net: Network, cp: int, ep: int, zero: int) -> None:
     if ep > 1 and not any(x.routed_elems for x in net.layers):
         raise ValueError(f"ep={ep} spreads a mixture of experts; {net.name} has no expert "
                          "layer: build it with Network.llama(..., experts=, top_k=), or use ep=1")
+    check_expert_parallel(net, ep, "hybrid")
     if ep > 1 and zero:
         raise ValueError(f"zero={zero} with ep={ep}: the timeline shards dense states only; "
                          "use zero=0 here, or sim.predict(..., Plan(ep=...), zero=...) for "
