@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from .checks import whole_experts
 from .layers import Gemm, Layer
 
 AB = 2                     # bytes per activation element (fp16 / bf16)
@@ -147,10 +148,8 @@ def check_expert_parallel(net, ep: int, owner: str) -> None:
     """Refuse an ep that does not divide a mixture's experts: each of the ep ranks holds
     whole experts, experts / ep of them (as ``sim.experts`` requires)."""
     for x in net.layers:
-        if ep > 1 and x.experts > 1 and x.experts % ep:
-            raise ValueError(f"{owner}: ep={ep} must divide the {x.experts} experts of "
-                             f"{x.name!r} (each rank holds whole experts): choose an ep "
-                             f"that divides {x.experts}")
+        if ep > 1 and x.experts > 1:
+            whole_experts(owner, x.experts, ep)
 
 
 def ring_attention(net):

@@ -32,3 +32,20 @@ def amount(owner: str, name: str, value, *, unit: str = "", positive: bool = Fal
 def count(owner: str, name: str, value, minimum: int = 1) -> int:
     """``value`` as an int: a whole number >= ``minimum``. Raises ValueError naming it."""
     return counted(value, f"{owner}: {name}", minimum)
+
+
+def expert_ranks(owner: str, dp: int, cp: int, ep: int) -> None:
+    """ep must divide the dp × cp ranks the experts spread over (a mixture's experts are
+    split among ep of the ranks that split the data). Raises ValueError naming it."""
+    if (dp * cp) % ep:
+        raise ValueError(f"{owner}: ep={ep} must divide dp × cp = {dp * cp} (the ranks that "
+                         "hold the experts between them): choose an ep that divides it")
+
+
+def whole_experts(owner: str, experts: int, ep: int) -> int:
+    """experts / ep, each rank holding whole experts; raises ValueError where ep does not
+    divide them."""
+    if experts % ep:
+        raise ValueError(f"{owner}: ep={ep} must divide the {experts} experts (each rank "
+                         f"holds experts / ep of them): pick an ep that divides {experts}")
+    return experts // ep

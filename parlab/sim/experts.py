@@ -40,7 +40,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ..errors import counted
-from .checks import amount
+from .checks import amount, whole_experts
 from .clusters import MAX_ACHIEVABLE, SUSTAINED_LINK, h100_infiniband
 from .collectives import all_reduce_time, all_to_all_time
 from .layers import optimizer_state
@@ -135,13 +135,6 @@ def moe_layer(name: str, tokens: int, d_model: int, d_ff: int, experts: int, top
                     capacity_factor, bool(bias))
 
 
-def _local_experts(experts: int, ep: int, what: str) -> int:
-    if experts % ep:
-        raise ValueError(f"{what}: ep={ep} must divide the {experts} experts (each rank "
-                         f"holds experts / ep of them): pick an ep that divides {experts}")
-    return experts // ep
-
-
 # ------------------------------------------------------------------ bytes a rank hands over
 def traced_all_to_all_bytes(per_expert, rank: int, ep: int, *, tokens: int, d_model: int,
                             top_k: int, act_bytes: int = 4) -> int:
@@ -155,7 +148,7 @@ def traced_all_to_all_bytes(per_expert, rank: int, ep: int, *, tokens: int, d_mo
     ep = counted(ep, "traced_all_to_all_bytes: ep")
     per_expert = [counted(c, "traced_all_to_all_bytes: each count in per_expert", 0)
                   for c in per_expert]
-    local = _local_experts(len(per_expert), ep, "traced_all_to_all_bytes")
+    local = whole_experts("traced_all_to_all_bytes", len(per_expert), ep)
     rank = counted(rank, "traced_all_to_all_bytes: rank", 0)
     if rank >= ep:
         raise ValueError(f"traced_all_to_all_bytes: rank must be below ep={ep}, got {rank}")
@@ -172,7 +165,7 @@ def all_to_all_bytes(layer: MoELayer, ep: int) -> dict:
     dispatch and the combine, forward and backward), "routing": the course's counts and
     ids}. Nothing where ep = 1: no exchange is needed."""
     ep = counted(ep, "all_to_all_bytes: ep")
-    _local_experts(layer.experts, ep, "all_to_all_bytes")
+    whole_experts("all_to_all_bytes", layer.experts, ep)
     if ep == 1:
         return {"all_to_all": 0.0, "routing": 0.0}
     row = layer.d_model * layer.act_bytes
@@ -209,7 +202,7 @@ def expert_parallel(layer: MoELayer, ep: int, *, cluster: Cluster, dp: int = 1,
         raise ValueError(f"expert_parallel: ep x dp = {ep * dp} ranks do not fit "
                          f"{cluster.name!r} ({cluster.devices} devices): use a larger "
                          f"cluster, e.g. h100_infiniband(nodes={math.ceil(ep * dp / 8)})")
-    local = _local_experts(layer.experts, ep, "expert_parallel")
+    local = whole_experts("expert_parallel", layer.experts, ep)
     state, _ = optimizer_state(optimizer, layer.act_bytes)
     params = layers * (layer.router_params + local * layer.expert_params)
     expert_grads = layers * local * layer.expert_params * layer.act_bytes

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 from ..errors import counted
 from .blocks import check_expert_parallel, ring_attention
+from .checks import expert_ranks
 from .costs import Network, Roofline
 from ..pipeline import virtual_stage
 from .program import CHUNKED, Mesh, Stage, divides, stage_layers, stage_orders
@@ -124,9 +125,7 @@ def memory_per_device(net: Network, batch: int, *, dp: int = 1, tp: int = 1, pp:
     batch, dp, tp, pp = (counted(batch, "batch"), counted(dp, "dp"), counted(tp, "tp"),
                          counted(pp, "pp"))
     cp, ep = counted(cp, "cp"), counted(ep, "ep")
-    if (dp * cp) % ep:
-        raise ValueError(f"ep={ep} must divide dp x cp = {dp * cp} (the experts spread over "
-                         f"data-parallel ranks)")
+    expert_ranks("memory", dp, cp, ep)
     check_expert_parallel(net, ep, "memory")
     m = counted(micro_batches, "micro_batches")
     if chunks is None:

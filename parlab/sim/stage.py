@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .blocks import is_block
-from .checks import amount, count
+from .checks import amount, count, expert_ranks
 from .collectives import all_reduce_time, half_ring_time
 from .costs import Network, call_s, weight_grad_s
 from .engine import Collective, Compute, Join
@@ -43,9 +43,7 @@ class Mesh:
     def __init__(self, cluster: Cluster, dp: int, pp: int, tp: int, cp: int = 1, ep: int = 1):
         self.dp, self.pp, self.tp, self.cp, self.ep = dp, pp, tp, cp, ep
         self.size = dp * pp * cp * tp
-        if (dp * cp) % ep:
-            raise ValueError(f"ep={ep} must divide dp × cp = {dp * cp} (the ranks that hold "
-                             "the experts between them): choose an ep that divides it")
+        expert_ranks("Mesh", dp, cp, ep)
         if self.size > cluster.devices:
             shape = f"{dp} × {pp} × {tp} (dp × pp × tp)" if cp == 1 else (
                 f"{dp} × {pp} × {cp} × {tp} (dp × pp × cp × tp)")

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 
 from ..split import check_bounds
 from .blocks import check_expert_parallel
-from .checks import count
+from .checks import count, expert_ranks
 from .costs import Roofline
 from .collectives import (all_reduce_time, cards_per_device, describe, half_ring_time,
                           members_per_node, spans_nodes)
@@ -89,9 +89,7 @@ class Plan:
         if sorted(self.order) != sorted(AXES):
             raise ValueError(f"Plan: order must name each of {AXES} once (outermost first), "
                              f"got {self.order!r}")
-        if (self.dp * self.cp) % self.ep:
-            raise ValueError(f"Plan: ep={self.ep} must divide dp x cp = {self.dp * self.cp} "
-                             f"(the experts spread over data-parallel ranks)")
+        expert_ranks("Plan", self.dp, self.cp, self.ep)
 
     @property
     def devices(self) -> int:
