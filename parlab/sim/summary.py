@@ -165,8 +165,7 @@ def predict(w, c, plan: Plan, global_batch: int, *, overlap_dp: bool = False, ze
                                                                            stride["tp"])
     mine = dev["layers"][busiest]
     if cp > 1 or plan.ep > 1:
-        r = Roofline(net, c)
-        parts["cp"] = m * ring_passes_s(r, mine, mb, t, cp, c, stride["cp"])
+        parts["cp"] = m * ring_passes_s(net, mine, mb, t, cp, c, stride["cp"])
         parts["ep"] = m * all_to_all_s(net, mine, mb, t, plan.ep, c, stride["dp"])
     params = dev["params"][busiest]              # on one tp rank of the busiest stage
     experts = dev["experts"][busiest]            # of which the experts' (1/ep of them)

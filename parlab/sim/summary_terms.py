@@ -96,12 +96,11 @@ def ring_step(net, x, mb: float, t: int, cp: int, c, stride: int) -> tuple:
     return chunk, send_s(chunk, link), fwd, bwd
 
 
-def ring_passes_s(r, layers, mb: float, t: int, cp: int, c, stride: int) -> float:
+def ring_passes_s(net, layers, mb: float, t: int, cp: int, c, stride: int) -> float:
     """Seconds ring attention's passes show for one micro-batch of the device's layers
     (each rank holds mb sequences' 1/cp; see the module doc)."""
     if cp == 1:
         return 0.0
-    net = r.net
     again = 2 if net.recompute == "full" else 1
     total = 0.0
     for i in layers:
