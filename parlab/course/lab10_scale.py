@@ -25,7 +25,7 @@ def ring_at_scale(seqs=(1024, 4096, 16384, 65536), nodes: int = 4) -> list[dict]
         tl = sim.hybrid(net, cluster, 1, dp=1, tp=8, cp=nodes)
         block = next(x for x in net.layers if is_block(x))
         _, passing, forward, _ = ring_step(net, block, 1 / nodes, 8, nodes, cluster, 8)
-        waited = sum(s.end - s.start for s in tl.spans if s.rank == 0 and s.name == "wait for K/V")
+        waited = tl.seconds_by_name(0).get("wait for K/V", 0.0)
         rows.append({"seq": seq, "pass_s": passing, "beside_s": forward / nodes,
                      "waited_s": waited, "step_s": tl.step_s})
     return rows

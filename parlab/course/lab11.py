@@ -227,8 +227,7 @@ def ep_at_scale() -> list[dict]:
         rows.append({"layout": " × ".join(f"{k} {v}" for k, v in {"dp": 8, **shape}.items()),
                      "gpus": 8 * shape.get("tp", 1), "step_s": tl.step_s,
                      "all_to_all_s": comm["ep"], "gradients_s": comm["dp"],
-                     "update_s": sum(s.end - s.start for s in tl.spans
-                                     if s.rank == 0 and s.name == "update"),
+                     "update_s": tl.seconds_by_name(0)["update"],
                      "memory": sim.memory(net, 8, dp=8, **shape).total})
     return rows
 
